@@ -1,0 +1,212 @@
+"""LowerGatedLayers: replace router-gated FFN and attention output projections with block-sparse kernels.
+
+Gated SwiGLU FFN  ->  mask_reorder + gemm_mn (gate/up, SwiGLU epilogue) + gemm_k (down)
+Gated attention   ->  attention stays dense; mask gating + o_proj -> gemm_k
+The router itself (and its argmax) stays in the graph: its mask feeds the kernels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+from tvm.relax.dpl import rewrite_call
+
+from ..schedules import gemm_k, gemm_mn, mask_reorder
+from ..schedules.root_block import with_root_block
+from .mask_analysis import LAYOUT_OPS, MaskInfo, analyse_mask, resolve
+from .patterns import gated_projection, gated_swiglu_ffn
+
+
+@dataclass
+class GatedLayer:
+    """One lowered gated layer, for the compile summary."""
+
+    kind: str  # "ffn" | "attention" | "projection"
+    groups: int
+    group_size: int
+    kernels: list[str]
+    weights: list[str]
+
+
+@dataclass
+class _State:
+    target_kind: str
+    var2val: dict
+    builder: relax.BlockBuilder
+    kernels: dict = field(default_factory=dict)  # name -> GlobalVar, shared by the module's functions
+    layers: list = field(default_factory=list)
+
+    def kernel(self, name: str, build) -> tvm.ir.GlobalVar:
+        if name not in self.kernels:
+            func = with_root_block(build()).with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
+            self.kernels[name] = self.builder.add_func(func, name)
+        return self.kernels[name]
+
+
+def _op_name(expr):
+    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else None
+
+
+def _weight(expr, var2val):
+    """(weight tensor, layout) with layout "nk" for permute_dims(W[N, K]) and "kn" for a plain W[K, N]."""
+    value = resolve(expr, var2val)
+    if _op_name(value) == "relax.permute_dims" and len(value.args[0].ty.shape.values) == 2:
+        axes = value.attrs.axes
+        if axes is not None and [int(a) for a in axes] == [1, 0]:
+            return value.args[0], "nk"
+    return expr, "kn"
+
+
+def _name(expr) -> str:
+    return expr.name if isinstance(expr, relax.Var) else "<expr>"
+
+
+def _strip_reshape(expr, var2val):
+    value = resolve(expr, var2val)
+    while _op_name(value) == "relax.reshape":
+        expr = value.args[0]
+        value = resolve(expr, var2val)
+    return expr
+
+
+def _tokens_and_channels(expr) -> tuple[tvm.ir.PrimExpr, int] | None:
+    shape = expr.ty.shape
+    if shape is None:
+        return None
+    dims = list(shape.values)
+    if not isinstance(dims[-1], tvm.tirx.IntImm):
+        return None
+    tokens = dims[0]
+    for d in dims[1:-1]:
+        tokens = tokens * d
+    return tokens, int(dims[-1])
+
+
+def _flat_mask(info: MaskInfo, tokens) -> relax.Expr:
+    return relax.op.astype(relax.op.reshape(info.root, relax.ShapeExpr([tokens, info.groups])), "int32")
+
+
+def _is_attention(operand, var2val, depth: int = 10) -> bool:
+    """The gated operand is an attention output: a softmax within a few producers upstream."""
+    frontier = [operand]
+    for _ in range(depth):
+        nxt = []
+        for expr in frontier:
+            value = resolve(expr, var2val)
+            if _op_name(value) == "relax.nn.softmax":
+                return True
+            if isinstance(value, relax.Call):
+                nxt.extend(a for a in value.args if isinstance(a, relax.Var))
+        frontier = nxt
+    return False
+
+
+def _gemm_k_call(state: _State, a2, tokens, dtype: str, weight_expr, info: MaskInfo, out_expr):
+    """(a2 [tokens, K] * mask) @ W through gemm_k, reshaped like `out_expr`; (None, None) if W does not fit."""
+    weight, layout = _weight(weight_expr, state.var2val)
+    wshape = [int(d) for d in weight.ty.shape.values]
+    n_dim = wshape[0] if layout == "nk" else wshape[1]
+    k_dim = wshape[1] if layout == "nk" else wshape[0]
+    if k_dim != info.groups * info.group_size or str(weight.ty.dtype) != dtype:
+        return None, None
+    name = f"wide_gemm_k_g{info.groups}x{info.group_size}_n{n_dim}_{dtype}_{layout}"
+    gv = state.kernel(name, lambda: gemm_k(info.groups, info.group_size, n_dim, dtype, layout, state.target_kind))
+    y = relax.call_tir(gv, [a2, weight, _flat_mask(info, tokens)], out_ty=relax.TensorType([tokens, n_dim], dtype))
+    return relax.op.reshape(y, out_expr.ty.shape), (name, weight)
+
+
+def _channels_of(weight_expr, var2val) -> int | None:
+    weight, layout = _weight(weight_expr, var2val)
+    if weight.ty.shape is None:
+        return None
+    wshape = [int(d) for d in weight.ty.shape.values]
+    return wshape[1] if layout == "nk" else wshape[0]
+
+
+def _rewrite_ffn(state: _State, pat):
+    def callback(expr, m):
+        v2v = state.var2val
+        k = _channels_of(m[pat.proj.weight], v2v)
+        info = analyse_mask(m[pat.proj.mask], m[pat.act], k, v2v) if k else None
+        if info is None:
+            return expr
+        xg, xu = _strip_reshape(m[pat.x_gate], v2v), _strip_reshape(m[pat.x_up], v2v)
+        if not xg.same_as(xu):
+            return expr
+        wg, lg = _weight(m[pat.w_gate], v2v)
+        wu, lu = _weight(m[pat.w_up], v2v)
+        tc = _tokens_and_channels(xg)
+        if lg != lu or tc is None or str(wg.ty.dtype) != str(xg.ty.dtype):
+            return expr
+        tokens, hidden = tc
+        dtype = str(xg.ty.dtype)
+        G, gs = info.groups, info.group_size
+        reorder_name = f"wide_mask_reorder_g{G}"
+        gv_r = state.kernel(reorder_name, lambda: mask_reorder(G, state.target_kind))
+        mn_name = f"wide_gemm_mn_swiglu_g{G}x{gs}_k{hidden}_{dtype}_{lg}"
+        gv_mn = state.kernel(mn_name, lambda: gemm_mn(G, gs, hidden, dtype, lg, True, state.target_kind))
+        mask2 = _flat_mask(info, tokens)
+        reorder = relax.call_tir(gv_r, [mask2], out_ty=[relax.TensorType([G], "int32"),
+                                                        relax.TensorType([G, tokens], "int32")])
+        x2 = relax.op.reshape(xg, relax.ShapeExpr([tokens, hidden]))
+        h = relax.call_tir(gv_mn, [x2, wg, wu, relax.TupleGetItem(reorder, 0), relax.TupleGetItem(reorder, 1)],
+                           out_ty=relax.TensorType([tokens, G * gs], dtype))
+        out, down = _gemm_k_call(state, h, tokens, dtype, m[pat.proj.weight], info, expr)
+        if out is None:
+            return expr
+        state.layers.append(GatedLayer("ffn", G, gs, [reorder_name, mn_name, down[0]],
+                                       [_name(wg), _name(wu), _name(down[1])]))
+        return out
+
+    return callback
+
+
+def _rewrite_projection(state: _State, pat):
+    def callback(expr, m):
+        v2v = state.var2val
+        k = _channels_of(m[pat.weight], v2v)
+        info = analyse_mask(m[pat.mask], m[pat.operand], k, v2v) if k else None
+        if info is None:
+            return expr
+        operand = m[pat.operand]
+        tc = _tokens_and_channels(operand)
+        if tc is None:
+            return expr
+        tokens, _ = tc
+        a2 = relax.op.reshape(operand, relax.ShapeExpr([tokens, k]))
+        out, kern = _gemm_k_call(state, a2, tokens, str(operand.ty.dtype), m[pat.weight], info, expr)
+        if out is None:
+            return expr
+        kind = "attention" if _is_attention(m[pat.operand], v2v) else "projection"
+        state.layers.append(GatedLayer(kind, info.groups, info.group_size, [kern[0]], [_name(kern[1])]))
+        return out
+
+    return callback
+
+
+@tvm.transform.module_pass(opt_level=0, name="LowerGatedLayers")
+class LowerGatedLayers:
+    """Find router-gated layers with dpl patterns and lower them; `self.layers` reports what was lowered."""
+
+    def __init__(self, target_kind: str):
+        self.target_kind = target_kind
+        self.layers: list[GatedLayer] = []
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        builder = relax.BlockBuilder(mod)
+        kernels: dict = {}
+        for gv, func in list(mod.functions.items()):
+            if not isinstance(func, relax.Function):
+                continue
+            state = _State(self.target_kind, relax.analysis.get_var2val(func), builder, kernels)
+            ffn = gated_swiglu_ffn()
+            func = rewrite_call(ffn.root, _rewrite_ffn(state, ffn), func)
+            state.var2val = relax.analysis.get_var2val(func)
+            proj = gated_projection()
+            func = rewrite_call(proj.root, _rewrite_projection(state, proj), func)
+            builder.update_func(gv, func)
+            self.layers.extend(state.layers)
+        return builder.get()

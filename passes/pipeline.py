@@ -1,0 +1,62 @@
+"""The wide-tvm compilation pipeline: one visible, ordered list of passes per target kind.
+
+Modelled on TVM's relax/backend/cuda/pipeline.py. Gated layers are lowered first; everything else
+(layers without gates, routers, attention) goes through TVM's own legalization and scheduling.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.relax.backend.cuda import pipeline as cuda_pipeline
+
+from .legalize import WIDE_LEGALIZATIONS
+from .lower_gated import LowerGatedLayers
+
+
+def _gpu_default_schedule() -> tvm.transform.Pass:
+    from tvm.s_tir import dlight as dl
+
+    return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                   dl.gpu.GeneralReduction(), dl.gpu.Fallback())
+
+
+def wide_passes(target: tvm.target.Target, lower: LowerGatedLayers, tuning_log: str | None) -> list:
+    """The passes, in order, that turn an imported WIDE model into a VM-ready module for `target`."""
+    is_gpu = target.kind.name == "cuda"
+    passes = [
+        lower,                                                        # gated layers -> block-sparse kernels
+        relax.transform.DeadCodeElimination(),
+        relax.transform.LegalizeOps(customize_legalize_map=WIDE_LEGALIZATIONS),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+    if tuning_log:
+        passes.append(relax.transform.MetaScheduleApplyDatabase(tuning_log))
+    if is_gpu:
+        passes.append(_gpu_default_schedule())
+    passes += cuda_pipeline.dataflow_lower_passes(target)
+    passes += [
+        relax.transform.StaticPlanBlockMemory(),
+        *([relax.transform.RewriteCUDAGraph()] if is_gpu else []),
+        relax.transform.LowerAllocTensor(),
+        relax.transform.KillAfterLastUse(),
+        relax.transform.LowerRuntimeBuiltin(),
+        relax.transform.ComputePrimValue(),
+        relax.transform.VMShapeLower(),
+        relax.transform.AttachGlobalSymbol(),
+    ]
+    return passes
+
+
+def wide_pipeline(target: tvm.target.Target, lower: LowerGatedLayers, tuning_log: str | None = None):
+    """A module pass running `wide_passes` under `target`, for `tvm.compile(relax_pipeline=...)`."""
+
+    @tvm.transform.module_pass(opt_level=0, name="WidePipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        with target:
+            return tvm.transform.Sequential(wide_passes(target, lower, tuning_log))(mod)
+
+    return _pipeline

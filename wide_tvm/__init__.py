@@ -1,0 +1,24 @@
+"""wide-tvm: compile token-level dynamically pruned (WIDE) LLMs into block-sparse TVM kernels.
+
+`compile` needs the TVM compiler; `load` works with the TVM runtime alone, so neither is imported
+until it is used.
+"""
+
+from .frontends.errors import WideError
+
+
+def compile(model, target: str = "llvm", tuning_log: str | None = None):  # noqa: A001
+    """Compile a .onnx/.pt2 path or an ExportedProgram; returns an object with `.export(path)`."""
+    from .compiler import compile as _compile
+
+    return _compile(model, target, tuning_log)
+
+
+def load(path: str, device: str = "cpu"):
+    """Load a compiled library for "cpu" or "cuda"; returns a callable model."""
+    from .runtime import load as _load
+
+    return _load(path, device)
+
+
+__all__ = ["WideError", "compile", "load"]

@@ -1,0 +1,102 @@
+"""Compile driver: import -> wide pipeline -> TVM executable; `.export(path)` writes the deployable."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .artifact import atomic_outputs, save_weights
+from .cuda_aot import nvcc_path, prepare_cuda_aot
+from .frontends.errors import WideError
+
+prepare_cuda_aot()  # before the first `import tvm`; a no-op where a real driver exists
+
+import tvm  # noqa: E402
+
+from .frontends import ImportedModel, import_model  # noqa: E402
+from .passes import LowerGatedLayers, wide_pipeline  # noqa: E402
+from .targets import parse_target, target_folder  # noqa: E402
+
+REPO_TUNING_LOGS = Path(__file__).resolve().parent.parent / "tuning_logs"
+
+
+class NoGatedLayersWarning(UserWarning):
+    """The model has no router-gated layers; it was compiled dense."""
+
+
+@dataclass
+class Compiled:
+    """A compiled WIDE model: the TVM executable, its weights and what the passes lowered."""
+
+    executable: object
+    model: ImportedModel
+    target: object
+    layers: list = field(default_factory=list)
+    tuning_log: str | None = None
+
+    @property
+    def device_kind(self) -> str:
+        return "cuda" if self.target.kind.name == "cuda" else "cpu"
+
+    def meta(self) -> dict:
+        return {"format": 1, "target": str(self.target), "device": self.device_kind,
+                "input_names": self.model.input_names, "weight_names": self.model.weight_names,
+                "layers": [vars(layer) for layer in self.layers], "source": str(self.model.source)}
+
+    def export(self, path: str) -> str:
+        """Write PATH (TVM library) and its weights file atomically; returns PATH."""
+        with atomic_outputs(path) as (tmp_lib, tmp_weights):
+            with self.target:
+                self.executable.export_library(tmp_lib)
+            save_weights(tmp_weights, self.model.weights, self.meta())
+        return path
+
+    def summary(self) -> str:
+        ffn = [layer for layer in self.layers if layer.kind == "ffn"]
+        attn = [layer for layer in self.layers if layer.kind in ("attention", "projection")]
+        lines = [f"target: {self.target.kind.name} ({self.target.attrs.get('arch', 'host')})",
+                 f"gated FFN layers lowered: {len(ffn)}", f"gated attention layers lowered: {len(attn)}"]
+        for i, layer in enumerate(self.layers):
+            lines.append(f"  [{i}] {layer.kind}: {layer.groups} groups x {layer.group_size} channels -> "
+                         f"{', '.join(layer.kernels)}; weights {', '.join(layer.weights)}")
+        lines.append(f"weights: {len(self.model.weights)} tensors kept as parameters, saved beside the library "
+                     f"(*.weights.npz), {sum(w.nbytes for w in self.model.weights) / 2**20:.2f} MiB")
+        if self.tuning_log:
+            lines.append(f"tuning log applied: {self.tuning_log}")
+        return "\n".join(lines)
+
+
+def _tuning_log(target, tuning_log: str | None) -> str | None:
+    if tuning_log is not None:
+        if not os.path.isdir(tuning_log):
+            raise WideError(f"{tuning_log}: tuning log folder not found")
+        return tuning_log
+    default = REPO_TUNING_LOGS / target_folder(target)
+    return str(default) if (default / "database_workload.json").exists() else None
+
+
+def compile(model, target: str = "llvm", tuning_log: str | None = None) -> Compiled:  # noqa: A001
+    """Compile a .onnx / .pt2 path or an ExportedProgram for `target` (see `parse_target`)."""
+    tgt = parse_target(target) if isinstance(target, str) else target
+    if tgt.kind.name == "cuda" and nvcc_path() is None:
+        raise WideError(f"target {target!r} needs nvcc to build CUDA device code, and none was found on PATH")
+    if tgt.kind.name not in ("cuda", "llvm"):
+        raise WideError(f"target {target!r}: only cuda and llvm targets are supported")
+    imported = import_model(model)
+    log = _tuning_log(tgt, tuning_log)
+    lower = LowerGatedLayers(tgt.kind.name)
+    try:
+        with tgt:
+            executable = tvm.compile(imported.mod, tgt, relax_pipeline=wide_pipeline(tgt, lower, log))
+    except WideError:
+        raise
+    except Exception as err:  # noqa: BLE001 - surface one line, never a TVM traceback
+        lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+        raise WideError(f"{imported.source}: compiling for {tgt.kind.name} failed: "
+                        f"{lines[-1] if lines else type(err).__name__}") from None
+    if not lower.layers:
+        warnings.warn(f"{imported.source}: no router-gated layers found; compiled dense", NoGatedLayersWarning,
+                      stacklevel=2)
+    return Compiled(executable, imported, tgt, lower.layers, log)

@@ -1,0 +1,54 @@
+"""Configuration of a WIDE-gated Llama-style causal LM (the sizes are all configurable)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass
+class WideConfig:
+    """Sizes of the reference model; group sizes count query heads / FFN channels per gated group."""
+
+    vocab_size: int = 256
+    hidden_size: int = 64
+    intermediate_size: int = 192
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    attn_group_size: int = 2
+    ffn_group_size: int = 32
+    router_rank: int = 16
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    gated_layers: list[int] | None = field(default=None)  # None: every layer is gated
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        if self.num_heads % self.attn_group_size:
+            raise ValueError(
+                f"attn_group_size={self.attn_group_size} does not divide num_heads={self.num_heads}")
+        if self.intermediate_size % self.ffn_group_size:
+            raise ValueError(
+                f"ffn_group_size={self.ffn_group_size} does not divide intermediate_size={self.intermediate_size}")
+
+    @property
+    def attn_groups(self) -> int:
+        return self.num_heads // self.attn_group_size
+
+    @property
+    def ffn_groups(self) -> int:
+        return self.intermediate_size // self.ffn_group_size
+
+    def is_gated(self, layer: int) -> bool:
+        return self.gated_layers is None or layer in self.gated_layers
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "WideConfig":
+        return cls(**json.loads(text))

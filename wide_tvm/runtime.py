@@ -1,0 +1,88 @@
+"""Load and run a compiled WIDE library with the TVM runtime alone (no TVM compiler needed).
+
+Works in TVM's runtime-only mode (`TVM_USE_RUNTIME_LIB=1`, no libtvm_compiler.so); for CUDA it loads
+`libtvm_runtime_cuda.so` itself, since the runtime-only package does not register the CUDA loader.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+
+from .artifact import load_weights, weights_path
+from .frontends.errors import WideError
+
+
+def _ensure_cuda_runtime(tvm) -> None:
+    if tvm.cuda(0).exist:
+        return
+    lib = os.path.join(os.path.dirname(tvm.__file__), "lib", "libtvm_runtime_cuda.so")
+    if os.path.exists(lib):
+        try:
+            ctypes.CDLL(lib, ctypes.RTLD_GLOBAL)
+        except OSError as err:
+            raise WideError(f"cannot load TVM's CUDA runtime ({lib}): {err}") from None
+    if not tvm.cuda(0).exist:
+        raise WideError("device 'cuda' requested but no CUDA GPU is visible to the TVM runtime")
+
+
+class WideModel:
+    """Callable compiled model: `model(input_ids)` -> logits, NumPy in / NumPy out (torch in / torch out)."""
+
+    def __init__(self, path: str, device: str = "cpu"):
+        import tvm
+        from tvm.runtime import vm as rvm
+
+        if device not in ("cpu", "cuda"):
+            raise WideError(f"unknown device {device!r}; use cpu or cuda")
+        for p in (path, weights_path(path)):
+            if not os.path.exists(p):
+                raise WideError(f"{p}: file not found (a compiled model is NAME.so plus NAME.weights.npz)")
+        weights, self.meta = load_weights(weights_path(path))
+        if self.meta["device"] != device:
+            raise WideError(f"{path} was compiled for {self.meta['device']}, not for device {device!r}")
+        if device == "cuda":
+            _ensure_cuda_runtime(tvm)
+        self.device = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
+        try:
+            lib = tvm.runtime.load_module(path)
+        except Exception as err:  # noqa: BLE001
+            raise WideError(f"{path}: cannot load library: {str(err).strip().splitlines()[-1]}") from None
+        self._tvm = tvm
+        self.vm = rvm.VirtualMachine(lib, self.device)
+        self.weights = [tvm.runtime.tensor(w, self.device) for w in weights]
+
+    @property
+    def input_names(self) -> list[str]:
+        return self.meta["input_names"]
+
+    def __call__(self, *inputs):
+        if len(inputs) != len(self.input_names):
+            raise WideError(f"model takes {len(self.input_names)} input(s) {self.input_names}, got {len(inputs)}")
+        is_torch = type(inputs[0]).__module__.startswith("torch")
+        args = []
+        for x in inputs:
+            if is_torch:
+                x = x.contiguous()
+                args.append(self._tvm.runtime.from_dlpack(x) if x.device.type == self.device_type_name()
+                            else self._tvm.runtime.tensor(x.cpu().numpy(), self.device))
+            else:
+                args.append(self._tvm.runtime.tensor(np.ascontiguousarray(x), self.device))
+        out = self.vm["main"](*args, *self.weights)
+        if isinstance(out, (list, tuple)) or type(out).__name__ == "Array":
+            out = out[0]
+        if is_torch:
+            import torch
+
+            return torch.from_dlpack(out)
+        return out.numpy()
+
+    def device_type_name(self) -> str:
+        return "cuda" if self.meta["device"] == "cuda" else "cpu"
+
+
+def load(path: str, device: str = "cpu") -> WideModel:
+    """Load NAME.so (+ NAME.weights.npz) for `device` ("cpu" or "cuda")."""
+    return WideModel(path, device)

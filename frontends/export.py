@@ -9,7 +9,7 @@ import logging
 
 import torch
 
-from .errors import WideError
+from ..errors import WideError
 
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 

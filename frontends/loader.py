@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 
-from .errors import WideError
+from ..errors import WideError
 from .onnx_import import import_onnx
 from .torch_import import import_exported_program, load_exported_program
 

@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper
 from tvm import relax, tirx
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx
 
-from .errors import WideError
+from ..errors import WideError
 
 
 def inline_constant_initializers(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tvm
 
-from .errors import WideError
+from ..errors import WideError
 
 
 def load_exported_program(path: str):

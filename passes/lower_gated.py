@@ -191,11 +191,14 @@ def _rewrite_projection(state: _State, pat):
 class LowerGatedLayers:
     """Find router-gated layers with dpl patterns and lower them; `self.layers` reports what was lowered."""
 
-    def __init__(self, target_kind: str):
+    def __init__(self, target_kind: str, enabled: bool = True):
         self.target_kind = target_kind
+        self.enabled = enabled
         self.layers: list[GatedLayer] = []
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        if not self.enabled:
+            return mod
         builder = relax.BlockBuilder(mod)
         kernels: dict = {}
         for gv, func in list(mod.functions.items()):

@@ -4,14 +4,14 @@
 until it is used.
 """
 
-from .frontends.errors import WideError
+from .errors import WideError
 
 
-def compile(model, target: str = "llvm", tuning_log: str | None = None):  # noqa: A001
+def compile(model, target: str = "llvm", tuning_log: str | None = None, dense: bool = False):  # noqa: A001
     """Compile a .onnx/.pt2 path or an ExportedProgram; returns an object with `.export(path)`."""
     from .compiler import compile as _compile
 
-    return _compile(model, target, tuning_log)
+    return _compile(model, target, tuning_log, dense)
 
 
 def load(path: str, device: str = "cpu"):

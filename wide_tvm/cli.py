@@ -8,7 +8,7 @@ import io
 import sys
 import warnings
 
-from .frontends.errors import WideError
+from .errors import WideError
 
 
 def _fail(err: Exception) -> int:

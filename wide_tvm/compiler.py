@@ -9,13 +9,13 @@ from pathlib import Path
 
 from .artifact import atomic_outputs, save_weights
 from .cuda_aot import nvcc_path, prepare_cuda_aot
-from .frontends.errors import WideError
+from .errors import WideError
 
 prepare_cuda_aot()  # before the first `import tvm`; a no-op where a real driver exists
 
 import tvm  # noqa: E402
 
-from .frontends import ImportedModel, import_model  # noqa: E402
+from .frontends.loader import ImportedModel, import_model  # noqa: E402
 from .passes import LowerGatedLayers, wide_pipeline  # noqa: E402
 from .targets import parse_target, target_folder  # noqa: E402
 
@@ -77,8 +77,12 @@ def _tuning_log(target, tuning_log: str | None) -> str | None:
     return str(default) if (default / "database_workload.json").exists() else None
 
 
-def compile(model, target: str = "llvm", tuning_log: str | None = None) -> Compiled:  # noqa: A001
-    """Compile a .onnx / .pt2 path or an ExportedProgram for `target` (see `parse_target`)."""
+def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa: A001
+            dense: bool = False) -> Compiled:
+    """Compile a .onnx / .pt2 path or an ExportedProgram for `target` (see `parse_target`).
+
+    `dense=True` skips the gated-layer lowering: the same pipeline, TVM's dense kernels (a baseline).
+    """
     tgt = parse_target(target) if isinstance(target, str) else target
     if tgt.kind.name == "cuda" and nvcc_path() is None:
         raise WideError(f"target {target!r} needs nvcc to build CUDA device code, and none was found on PATH")
@@ -86,7 +90,7 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None) -> Compi
         raise WideError(f"target {target!r}: only cuda and llvm targets are supported")
     imported = import_model(model)
     log = _tuning_log(tgt, tuning_log)
-    lower = LowerGatedLayers(tgt.kind.name)
+    lower = LowerGatedLayers(tgt.kind.name, enabled=not dense)
     try:
         with tgt:
             executable = tvm.compile(imported.mod, tgt, relax_pipeline=wide_pipeline(tgt, lower, log))
@@ -96,7 +100,7 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None) -> Compi
         lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
         raise WideError(f"{imported.source}: compiling for {tgt.kind.name} failed: "
                         f"{lines[-1] if lines else type(err).__name__}") from None
-    if not lower.layers:
+    if not lower.layers and not dense:
         warnings.warn(f"{imported.source}: no router-gated layers found; compiled dense", NoGatedLayersWarning,
                       stacklevel=2)
     return Compiled(executable, imported, tgt, lower.layers, log)

@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from .artifact import load_weights, weights_path
-from .frontends.errors import WideError
+from .errors import WideError
 
 
 def _ensure_cuda_runtime(tvm) -> None:

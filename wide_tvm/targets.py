@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from .frontends.errors import WideError
+from .errors import WideError
 
 _CUDA_LIMITS = {"max_threads_per_block": 1024, "max_shared_memory_per_block": 49152, "thread_warp_size": 32}
 

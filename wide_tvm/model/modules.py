@@ -50,15 +50,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def rope_cos_sin(seq_len: int, head_dim: int, theta: float, like: torch.Tensor):
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    pos = torch.arange(seq_len, dtype=torch.float32)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=like.device) / head_dim))
+    pos = torch.arange(seq_len, dtype=torch.float32, device=like.device)
     freqs = torch.outer(pos, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(like.dtype), emb.sin().to(like.dtype)
 
 
 def causal_mask(seq_len: int, like: torch.Tensor) -> torch.Tensor:
-    mask = torch.full((seq_len, seq_len), float("-inf"), dtype=like.dtype)
+    mask = torch.full((seq_len, seq_len), float("-inf"), dtype=like.dtype, device=like.device)
     return torch.triu(mask, diagonal=1)
 
 

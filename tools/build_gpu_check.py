@@ -1,0 +1,69 @@
+"""Build, on a machine without a GPU, everything tools/gpu_check.py runs on the H200.
+
+    python tools/build_gpu_check.py OUT_DIR
+
+writes OUT_DIR/example.so (+ .weights.npz, the bundled example compiled for cuda sm_90),
+OUT_DIR/kernels.so (each kernel configuration below) and OUT_DIR/kernels.json (their specs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from wide_tvm.cuda_aot import prepare_cuda_aot
+
+prepare_cuda_aot()
+
+import tvm  # noqa: E402
+
+from wide_tvm import compile as wide_compile  # noqa: E402
+from wide_tvm.frontends.export import export_model  # noqa: E402
+from wide_tvm.model import WideConfig, build_example, example_inputs  # noqa: E402
+from wide_tvm.schedules import gemm_k, gemm_mn, mask_reorder  # noqa: E402
+
+KERNELS = [
+    # (kind, groups, group_size, other_dim, dtype, layout)
+    ("gemm_mn_swiglu", 6, 32, 64, "float32", "nk"),
+    ("gemm_mn_swiglu", 8, 128, 256, "float16", "kn"),
+    ("gemm_mn", 4, 64, 128, "float16", "nk"),
+    ("gemm_k", 6, 32, 64, "float32", "nk"),
+    ("gemm_k", 8, 128, 256, "float16", "kn"),
+    ("gemm_k", 16, 8, 96, "float16", "nk"),
+    ("mask_reorder", 6, 0, 0, "int32", ""),
+    ("mask_reorder", 112, 0, 0, "int32", ""),
+]
+
+
+def kernel_func(kind, g, gs, dim, dtype, layout):
+    if kind == "mask_reorder":
+        return mask_reorder(g, "cuda")
+    if kind == "gemm_k":
+        return gemm_k(g, gs, dim, dtype, layout, "cuda")
+    return gemm_mn(g, gs, dim, dtype, layout, kind == "gemm_mn_swiglu", "cuda")
+
+
+def main(out_dir: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    model_path = os.path.join(out_dir, "example.pt2")
+    cfg = WideConfig()
+    export_model(build_example(cfg), example_inputs(cfg), model_path)
+    wide_compile(model_path, "cuda").export(os.path.join(out_dir, "example.so"))
+    wide_compile(model_path, "cuda", dense=True).export(os.path.join(out_dir, "example_dense.so"))
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024})
+    funcs, specs = {}, []
+    for i, spec in enumerate(KERNELS):
+        name = f"k{i}_{spec[0]}"
+        funcs[name] = kernel_func(*spec).with_attr("global_symbol", name)
+        specs.append({"name": name, "kind": spec[0], "groups": spec[1], "group_size": spec[2], "dim": spec[3],
+                      "dtype": spec[4], "layout": spec[5]})
+    with target:
+        tvm.compile(tvm.IRModule(funcs), target).export_library(os.path.join(out_dir, "kernels.so"))
+    with open(os.path.join(out_dir, "kernels.json"), "w") as f:
+        json.dump({"config": json.loads(cfg.to_json()), "kernels": specs}, f, indent=1)
+    print(f"wrote {out_dir}/example.so, kernels.so, kernels.json")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "gpu_check")

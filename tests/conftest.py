@@ -1,0 +1,43 @@
+"""Shared fixtures: tiny WIDE models exported once per session, and a kernel build helper."""
+
+from __future__ import annotations
+
+import pytest
+
+from wide_tvm.cuda_aot import prepare_cuda_aot
+
+prepare_cuda_aot()  # before tvm is imported anywhere, so CUDA build tests embed real device code
+
+import tvm  # noqa: E402
+
+from wide_tvm.frontends.export import export_model  # noqa: E402
+from wide_tvm.model import WideConfig, build_example, example_inputs  # noqa: E402
+
+
+def build_cpu(func):
+    return tvm.compile(func.with_attr("global_symbol", "main"), target="llvm")["main"]
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory):
+    """Callable (cfg_name, fmt) -> (path, model, cfg), exported once per session."""
+    cache = {}
+    configs = {
+        "default": WideConfig(),
+        "groups_1_16": WideConfig(attn_group_size=1, ffn_group_size=16, num_layers=1),
+        "partial": WideConfig(num_layers=2, gated_layers=[1], ffn_group_size=64),
+        "dense": WideConfig(num_layers=1, gated_layers=[]),
+    }
+    root = tmp_path_factory.mktemp("models")
+
+    def get(name: str, fmt: str):
+        key = (name, fmt)
+        if key not in cache:
+            cfg = configs[name]
+            model = build_example(cfg, seed=3)
+            path = str(root / f"{name}.{fmt}")
+            export_model(model, example_inputs(cfg, 6), path)
+            cache[key] = (path, model, cfg)
+        return cache[key]
+
+    return get

@@ -1,0 +1,102 @@
+"""ONNX and torch.export models compiled for the CPU, run through the TVM runtime, against PyTorch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import wide_tvm
+from wide_tvm.compiler import NoGatedLayersWarning
+from wide_tvm.model import example_inputs
+
+TOKENS = [1, 7, 33]
+
+
+def _compile_and_load(path, tmp_path, **kw):
+    compiled = wide_tvm.compile(path, "llvm", **kw)
+    lib = str(tmp_path / (os.path.basename(path).replace(".", "_") + ".so"))
+    compiled.export(lib)
+    return compiled, wide_tvm.load(lib), lib
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+@pytest.mark.parametrize("cfg_name", ["default", "groups_1_16", "partial"])
+def test_matches_pytorch(exported, tmp_path, fmt, cfg_name):
+    path, model, cfg = exported(cfg_name, fmt)
+    compiled, runner, _ = _compile_and_load(path, tmp_path)
+    n_gated = sum(cfg.is_gated(i) for i in range(cfg.num_layers))
+    assert sum(layer.kind == "ffn" for layer in compiled.layers) == n_gated
+    assert sum(layer.kind == "attention" for layer in compiled.layers) == n_gated
+    for t in TOKENS:
+        x = example_inputs(cfg, t, seed=t)
+        with torch.no_grad():
+            ref = model(x).numpy()
+        out = runner(x.numpy())
+        assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-5
+        assert np.array_equal(out, runner(x.numpy()))  # deterministic run to run
+
+
+def test_group_structure_reported(exported, tmp_path):
+    path, _, cfg = exported("default", "pt2")
+    compiled = wide_tvm.compile(path, "llvm")
+    ffn = [layer for layer in compiled.layers if layer.kind == "ffn"]
+    attn = [layer for layer in compiled.layers if layer.kind == "attention"]
+    assert {(layer.groups, layer.group_size) for layer in ffn} == {(cfg.ffn_groups, cfg.ffn_group_size)}
+    assert {(layer.groups, layer.group_size) for layer in attn} == {(cfg.attn_groups, cfg.attn_group_size * cfg.head_dim)}
+    assert any(k.startswith("wide_mask_reorder") for k in ffn[0].kernels)
+    assert "p_layers_0_mlp_down_proj_weight" in ffn[0].weights
+    assert "gated FFN layers lowered: 2" in compiled.summary()
+
+
+def test_dense_model_compiles_with_warning(exported, tmp_path):
+    path, model, cfg = exported("dense", "onnx")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled, runner, _ = _compile_and_load(path, tmp_path)
+    assert compiled.layers == []
+    assert any(issubclass(w.category, NoGatedLayersWarning) for w in caught)
+    x = example_inputs(cfg, 5)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    assert np.abs(runner(x.numpy()) - ref).max() / np.abs(ref).max() < 1e-5
+
+
+def test_torch_tensors_through_dlpack(exported, tmp_path):
+    path, model, cfg = exported("default", "pt2")
+    _, runner, _ = _compile_and_load(path, tmp_path)
+    x = example_inputs(cfg, 4)
+    out = runner(x)
+    assert isinstance(out, torch.Tensor)
+    with torch.no_grad():
+        assert torch.allclose(out, model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_exported_program_in_memory(exported, tmp_path):
+    from wide_tvm.frontends.export import export_program
+
+    _, model, cfg = exported("default", "pt2")
+    compiled = wide_tvm.compile(export_program(model, example_inputs(cfg, 6)), "llvm")
+    assert len(compiled.layers) == 2 * cfg.num_layers
+
+
+def test_runtime_only_load(exported, tmp_path):
+    """`wide_tvm.load` with TVM in runtime-only mode (no compiler library) in a fresh process."""
+    path, model, cfg = exported("default", "onnx")
+    _, _, lib = _compile_and_load(path, tmp_path)
+    x = example_inputs(cfg, 9)
+    np.save(tmp_path / "x.npy", x.numpy())
+    code = ("import sys, numpy as np, wide_tvm; m = wide_tvm.load(sys.argv[1]); "
+            "np.save(sys.argv[3], m(np.load(sys.argv[2]))); import tvm, os; "
+            "assert 'tvm.relax' not in sys.modules")
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    subprocess.run([sys.executable, "-c", code, lib, str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+                   check=True, env=env, timeout=300)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    assert np.abs(np.load(tmp_path / "y.npy") - ref).max() / np.abs(ref).max() < 1e-5

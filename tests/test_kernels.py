@@ -1,0 +1,118 @@
+"""Each block-sparse kernel against the NumPy reference, on the CPU (llvm), fresh random inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+from conftest import build_cpu
+from wide_tvm.kernel_reference import (MASK_KINDS, make_mask, ref_gemm_k, ref_gemm_mn, ref_mask_reorder,
+                                       rel_err)
+from wide_tvm.schedules import gemm_k, gemm_mn, mask_reorder
+
+TOKENS = [1, 5, 8, 13, 33]  # one token, counts that do not fill a tile (BM=8 on CPU), several tiles
+TOL = {"float32": 1e-5, "float16": 2e-3}
+
+
+def _t(a):
+    return tvm.runtime.tensor(np.ascontiguousarray(a))
+
+
+@pytest.mark.parametrize("groups", [1, 3, 16])
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_mask_reorder(groups, tokens, kind):
+    rng = np.random.default_rng(tokens * 7 + groups)
+    mask = make_mask(kind, tokens, groups, rng)
+    counts, order = _t(np.zeros(groups, np.int32)), _t(np.full((groups, tokens), -1, np.int32))
+    build_cpu(mask_reorder(groups, "llvm"))(_t(mask), counts, order)
+    ref_counts, ref_order = ref_mask_reorder(mask)
+    np.testing.assert_array_equal(counts.numpy(), ref_counts)
+    np.testing.assert_array_equal(order.numpy(), ref_order)
+
+
+def _run_mn(func, x, wg, wu, mask, n_out, dtype):
+    counts, order = ref_mask_reorder(mask)
+    out = _t(np.full((x.shape[0], n_out), np.nan, dtype))
+    func(_t(x), _t(wg), _t(wu), _t(counts), _t(order), out)
+    return out.numpy()
+
+
+@pytest.mark.parametrize("group_size", [1, 8, 32, 128])
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("swiglu", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_gemm_mn(group_size, layout, swiglu, dtype):
+    groups, k_dim = max(1, 256 // group_size) if group_size < 128 else 2, 24
+    n_out = groups * group_size
+    func = build_cpu(gemm_mn(groups, group_size, k_dim, dtype, layout, swiglu, "llvm"))
+    rng = np.random.default_rng(group_size)
+    wshape = (n_out, k_dim) if layout == "nk" else (k_dim, n_out)
+    for tokens in TOKENS:
+        for kind in MASK_KINDS:
+            x = rng.standard_normal((tokens, k_dim)).astype(dtype)
+            wg = (rng.standard_normal(wshape) / np.sqrt(k_dim)).astype(dtype)
+            wu = (rng.standard_normal(wshape) / np.sqrt(k_dim)).astype(dtype)
+            mask = make_mask(kind, tokens, groups, rng)
+            out = _run_mn(func, x, wg, wu, mask, n_out, dtype)
+            ref = ref_gemm_mn(x, wg, wu, mask, group_size, layout, swiglu)
+            assert rel_err(out, ref) < TOL[dtype], (tokens, kind)
+            assert np.array_equal(out, _run_mn(func, x, wg, wu, mask, n_out, dtype))  # deterministic
+
+
+def _run_k(func, a, w, mask, n_out, dtype):
+    out = _t(np.full((a.shape[0], n_out), np.nan, dtype))
+    func(_t(a), _t(w), _t(mask), out)
+    return out.numpy()
+
+
+@pytest.mark.parametrize("group_size", [1, 8, 32, 128])
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_gemm_k(group_size, layout, dtype):
+    groups, n_out = max(1, 256 // group_size) if group_size < 128 else 2, 40
+    k_dim = groups * group_size
+    func = build_cpu(gemm_k(groups, group_size, n_out, dtype, layout, "llvm"))
+    rng = np.random.default_rng(group_size + 1)
+    for tokens in TOKENS:
+        for kind in MASK_KINDS:
+            a = rng.standard_normal((tokens, k_dim)).astype(dtype)
+            w = (rng.standard_normal((n_out, k_dim) if layout == "nk" else (k_dim, n_out)) / np.sqrt(k_dim)).astype(dtype)
+            mask = make_mask(kind, tokens, groups, rng)
+            out = _run_k(func, a, w, mask, n_out, dtype)
+            assert rel_err(out, ref_gemm_k(a, w, mask, group_size, layout)) < TOL[dtype], (tokens, kind)
+            assert np.array_equal(out, _run_k(func, a, w, mask, n_out, dtype))  # deterministic
+
+
+def test_gemm_k_never_touches_skipped_work():
+    """NaN in every skipped activation and in the weights of a group no token uses: output stays finite."""
+    groups, gs, n_out, tokens = 4, 8, 16, 13
+    rng = np.random.default_rng(5)
+    mask = make_mask("random", tokens, groups, rng)
+    mask[:, 2] = 0
+    a = rng.standard_normal((tokens, groups * gs)).astype("float32")
+    a[np.repeat(mask, gs, axis=1) == 0] = np.nan
+    w = rng.standard_normal((groups * gs, n_out)).astype("float32")
+    w[2 * gs:3 * gs] = np.nan
+    out = _run_k(build_cpu(gemm_k(groups, gs, n_out, "float32", "kn", "llvm")), a, w, mask, n_out, "float32")
+    assert np.all(np.isfinite(out))
+    assert rel_err(out, ref_gemm_k(np.nan_to_num(a), np.nan_to_num(w), mask, gs, "kn")) < 1e-5
+
+
+def test_gemm_mn_never_touches_skipped_work():
+    """NaN in the weights of a group no token uses and in tokens active nowhere: output is exact zeros there."""
+    groups, gs, k_dim, tokens = 3, 8, 16, 11
+    rng = np.random.default_rng(6)
+    mask = make_mask("random", tokens, groups, rng)
+    mask[:, 1] = 0
+    mask[4, :] = 0
+    x = rng.standard_normal((tokens, k_dim)).astype("float32")
+    x[4] = np.nan
+    wg = rng.standard_normal((groups * gs, k_dim)).astype("float32")
+    wu = rng.standard_normal((groups * gs, k_dim)).astype("float32")
+    wg[gs:2 * gs] = np.nan
+    out = _run_mn(build_cpu(gemm_mn(groups, gs, k_dim, "float32", "nk", True, "llvm")), x, wg, wu, mask,
+                  groups * gs, "float32")
+    assert np.all(np.isfinite(out))
+    assert np.all(out[:, gs:2 * gs] == 0) and np.all(out[4] == 0)

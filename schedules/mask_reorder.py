@@ -14,6 +14,23 @@ from tvm.script import tirx as T
 def mask_reorder(groups: int, target_kind: str) -> tirx.PrimFunc:
     """mask [n, G] int32 (nonzero = execute) -> counts [G] int32, order [G, n] int32."""
     G = groups
+
+    @T.macro
+    def partition(mask, counts, order, g, n):
+        """Stable partition of tokens 0..n-1 for group g: active first, then inactive."""
+        cnt = T.decl_buffer((2,), "int32", scope="local")
+        cnt[0] = 0
+        for t in range(n):
+            if mask[t, g] != 0:
+                order[g, cnt[0]] = T.Cast("int32", t)
+                cnt[0] = cnt[0] + 1
+        counts[g] = cnt[0]
+        cnt[1] = cnt[0]
+        for t in range(n):
+            if mask[t, g] == 0:
+                order[g, cnt[1]] = T.Cast("int32", t)
+                cnt[1] = cnt[1] + 1
+
     if target_kind == "cuda":
         threads = min(G, 128)
         blocks = (G + threads - 1) // threads
@@ -27,19 +44,8 @@ def mask_reorder(groups: int, target_kind: str) -> tirx.PrimFunc:
             order = T.match_buffer(order_h, (G, n), "int32")
             for bx in T.thread_binding(blocks, thread="blockIdx.x"):
                 for tx in T.thread_binding(threads, thread="threadIdx.x"):
-                    cnt = T.decl_buffer((2,), "int32", scope="local")
                     if bx * threads + tx < G:
-                        cnt[0] = 0
-                        for t in range(n):
-                            if mask[t, bx * threads + tx] != 0:
-                                order[bx * threads + tx, cnt[0]] = T.Cast("int32", t)
-                                cnt[0] = cnt[0] + 1
-                        counts[bx * threads + tx] = cnt[0]
-                        cnt[1] = cnt[0]
-                        for t in range(n):
-                            if mask[t, bx * threads + tx] == 0:
-                                order[bx * threads + tx, cnt[1]] = T.Cast("int32", t)
-                                cnt[1] = cnt[1] + 1
+                        partition(mask, counts, order, bx * threads + tx, n)
 
         return reorder_cuda
 
@@ -51,17 +57,6 @@ def mask_reorder(groups: int, target_kind: str) -> tirx.PrimFunc:
         counts = T.match_buffer(counts_h, (G,), "int32")
         order = T.match_buffer(order_h, (G, n), "int32")
         for g in T.parallel(G):
-            cnt = T.decl_buffer((2,), "int32", scope="local")
-            cnt[0] = 0
-            for t in range(n):
-                if mask[t, g] != 0:
-                    order[g, cnt[0]] = T.Cast("int32", t)
-                    cnt[0] = cnt[0] + 1
-            counts[g] = cnt[0]
-            cnt[1] = cnt[0]
-            for t in range(n):
-                if mask[t, g] == 0:
-                    order[g, cnt[1]] = T.Cast("int32", t)
-                    cnt[1] = cnt[1] + 1
+            partition(mask, counts, order, g, n)
 
     return reorder_cpu

@@ -106,3 +106,10 @@ def test_cli_end_to_end(tmp_path):
     out = run("wide-run", "m.so", "--inputs", "in.npz", "--save", "out.npz").stdout
     assert "shape (1, 6, 256)" in out
     assert np.load(tmp_path / "out.npz")["logits"].shape == (1, 6, 256)
+
+
+def test_missing_tuning_log(exported, tmp_path, capsys):
+    path, _, _ = exported("default", "onnx")
+    rc, err = _cli(compile_main, [path, "--tuning-log", str(tmp_path / "nolog"), "-o", str(tmp_path / "x.so")], capsys)
+    assert rc == 2 and "nolog: tuning log folder not found" in err
+    assert not (tmp_path / "x.so").exists()

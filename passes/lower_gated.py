@@ -16,7 +16,7 @@ from tvm.relax.dpl import rewrite_call
 
 from ..schedules import gemm_k, gemm_mn, mask_reorder
 from ..schedules.root_block import with_root_block
-from .mask_analysis import LAYOUT_OPS, MaskInfo, analyse_mask, resolve
+from .mask_analysis import MaskInfo, analyse_mask, op_name, resolve
 from .patterns import gated_projection, gated_swiglu_ffn
 
 
@@ -46,18 +46,22 @@ class _State:
         return self.kernels[name]
 
 
-def _op_name(expr):
-    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else None
-
-
 def _weight(expr, var2val):
     """(weight tensor, layout) with layout "nk" for permute_dims(W[N, K]) and "kn" for a plain W[K, N]."""
     value = resolve(expr, var2val)
-    if _op_name(value) == "relax.permute_dims" and len(value.args[0].ty.shape.values) == 2:
+    if op_name(value) == "relax.permute_dims" and len(value.args[0].ty.shape.values) == 2:
         axes = value.attrs.axes
         if axes is not None and [int(a) for a in axes] == [1, 0]:
             return value.args[0], "nk"
     return expr, "kn"
+
+
+def _weight_dims(weight, layout: str) -> tuple[int, int] | None:
+    """(N, K) of a weight tensor stored in `layout`."""
+    if weight.ty.shape is None:
+        return None
+    rows, cols = (int(d) for d in weight.ty.shape.values)
+    return (rows, cols) if layout == "nk" else (cols, rows)
 
 
 def _name(expr) -> str:
@@ -66,7 +70,7 @@ def _name(expr) -> str:
 
 def _strip_reshape(expr, var2val):
     value = resolve(expr, var2val)
-    while _op_name(value) == "relax.reshape":
+    while op_name(value) == "relax.reshape":
         expr = value.args[0]
         value = resolve(expr, var2val)
     return expr
@@ -96,7 +100,7 @@ def _is_attention(operand, var2val, depth: int = 10) -> bool:
         nxt = []
         for expr in frontier:
             value = resolve(expr, var2val)
-            if _op_name(value) == "relax.nn.softmax":
+            if op_name(value) == "relax.nn.softmax":
                 return True
             if isinstance(value, relax.Call):
                 nxt.extend(a for a in value.args if isinstance(a, relax.Var))
@@ -107,9 +111,7 @@ def _is_attention(operand, var2val, depth: int = 10) -> bool:
 def _gemm_k_call(state: _State, a2, tokens, dtype: str, weight_expr, info: MaskInfo, out_expr):
     """(a2 [tokens, K] * mask) @ W through gemm_k, reshaped like `out_expr`; (None, None) if W does not fit."""
     weight, layout = _weight(weight_expr, state.var2val)
-    wshape = [int(d) for d in weight.ty.shape.values]
-    n_dim = wshape[0] if layout == "nk" else wshape[1]
-    k_dim = wshape[1] if layout == "nk" else wshape[0]
+    n_dim, k_dim = _weight_dims(weight, layout)
     if k_dim != info.groups * info.group_size or str(weight.ty.dtype) != dtype:
         return None, None
     name = f"wide_gemm_k_g{info.groups}x{info.group_size}_n{n_dim}_{dtype}_{layout}"
@@ -119,11 +121,8 @@ def _gemm_k_call(state: _State, a2, tokens, dtype: str, weight_expr, info: MaskI
 
 
 def _channels_of(weight_expr, var2val) -> int | None:
-    weight, layout = _weight(weight_expr, var2val)
-    if weight.ty.shape is None:
-        return None
-    wshape = [int(d) for d in weight.ty.shape.values]
-    return wshape[1] if layout == "nk" else wshape[0]
+    dims = _weight_dims(*_weight(weight_expr, var2val))
+    return dims[1] if dims else None
 
 
 def _rewrite_ffn(state: _State, pat):

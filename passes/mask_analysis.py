@@ -31,7 +31,7 @@ class MaskInfo:
     group_size: int
 
 
-def _op_name(expr) -> str | None:
+def op_name(expr) -> str | None:
     if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
         return expr.op.name
     return None
@@ -82,13 +82,13 @@ def _apply(call: relax.Call, x: np.ndarray) -> np.ndarray:
 
 def _is_router_decision(root, var2val) -> bool:
     """A comparison one of whose inputs is an argmax/argmin or a slice of router logits."""
-    if _op_name(root) not in COMPARISONS:
+    if op_name(root) not in COMPARISONS:
         return False
     for arg in root.args:
         value = resolve(arg, var2val)
-        while _op_name(value) in LAYOUT_OPS:
+        while op_name(value) in LAYOUT_OPS:
             value = resolve(value.args[0], var2val)
-        if _op_name(value) in ROUTER_SOURCES:
+        if op_name(value) in ROUTER_SOURCES:
             return True
     return False
 
@@ -98,7 +98,7 @@ def analyse_mask(expanded, operand, channels: int, var2val) -> MaskInfo | None:
     contiguous groups of equal size; None otherwise."""
     chain = []
     value = resolve(expanded, var2val)
-    while _op_name(value) in LAYOUT_OPS:
+    while op_name(value) in LAYOUT_OPS:
         chain.append(value)
         value = resolve(value.args[0], var2val)
     root = value

@@ -66,7 +66,7 @@ class WideModel:
         for x in inputs:
             if is_torch:
                 x = x.contiguous()
-                args.append(self._tvm.runtime.from_dlpack(x) if x.device.type == self.device_type_name()
+                args.append(self._tvm.runtime.from_dlpack(x) if x.device.type == self.meta["device"]
                             else self._tvm.runtime.tensor(x.cpu().numpy(), self.device))
             else:
                 args.append(self._tvm.runtime.tensor(np.ascontiguousarray(x), self.device))
@@ -78,9 +78,6 @@ class WideModel:
 
             return torch.from_dlpack(out)
         return out.numpy()
-
-    def device_type_name(self) -> str:
-        return "cuda" if self.meta["device"] == "cuda" else "cpu"
 
 
 def load(path: str, device: str = "cpu") -> WideModel:

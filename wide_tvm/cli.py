@@ -17,22 +17,52 @@ def _fail(err: Exception) -> int:
 
 
 def export_main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="wide-export", description="Build a WIDE model and export it to ONNX / .pt2.")
+    p = argparse.ArgumentParser(
+        prog="wide-export",
+        description="Export a WIDE model to ONNX / .pt2: a Hugging Face base with WIDE's router (and LoRA) "
+                    "checkpoints, or the bundled tiny example.")
     p.add_argument("-o", "--output", action="append", required=True,
                    help="output file, .onnx or .pt2 (repeat for both)")
-    p.add_argument("--config", help="WideConfig as JSON (default: the bundled tiny example)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the deterministic example weights")
+    hf = p.add_argument_group("WIDE checkpoint (Hugging Face Llama / Qwen3 base)")
+    hf.add_argument("--hf-model", metavar="DIR", help="local transformers model folder (config.json + weights)")
+    hf.add_argument("--routers", metavar="router.pth", help="WIDE stage-1 router state dict")
+    hf.add_argument("--lora", metavar="lora.pth", help="WIDE stage-2 LoRA state dict, merged into the base")
+    hf.add_argument("--lora-alpha", type=float, help="LoRA alpha (the update is B @ A * alpha / r)")
+    hf.add_argument("--attn-group-size", type=int, help="query heads per gated attention group "
+                    "(default: inferred from the router shapes)")
+    hf.add_argument("--ffn-group-size", type=int, help="FFN channels per gated group (default: inferred)")
+    hf.add_argument("--rank", type=int, help="router rank (default: inferred; checked when given)")
+    ex = p.add_argument_group("bundled example")
+    ex.add_argument("--config", help="WideConfig as JSON (default: the bundled tiny example)")
+    ex.add_argument("--seed", type=int, default=0, help="seed of the deterministic example weights")
     p.add_argument("--tokens", type=int, default=7, help="token count of the example input used for tracing")
     args = p.parse_args(argv)
     try:
         from .frontends.export import export_model
         from .model import WideConfig, build_example, example_inputs
 
-        try:
-            cfg = WideConfig.from_json(args.config) if args.config else WideConfig()
-        except (ValueError, TypeError) as err:
-            raise WideError(f"--config: {err}") from None
-        model = build_example(cfg, seed=args.seed)
+        if args.hf_model or args.routers:
+            if not (args.hf_model and args.routers):
+                raise WideError("--hf-model and --routers go together (a base model and its WIDE routers)")
+            if args.config:
+                raise WideError("--config is for the bundled example; a WIDE checkpoint takes its sizes from --hf-model")
+            from .frontends.hf_checkpoint import load_wide_checkpoint
+
+            ckpt = load_wide_checkpoint(args.hf_model, args.routers, args.lora,
+                                        attn_group_size=args.attn_group_size, ffn_group_size=args.ffn_group_size,
+                                        rank=args.rank, lora_alpha=args.lora_alpha)
+            model, cfg = ckpt.model, ckpt.config
+            print(f"{args.hf_model}: {cfg.num_layers} layers; attention {cfg.attn_groups} groups x "
+                  f"{cfg.attn_group_size} heads, FFN {cfg.ffn_groups} groups x {cfg.ffn_group_size} channels, "
+                  f"router rank {cfg.router_rank}; LoRA merged into {len(ckpt.lora_modules)} modules")
+        else:
+            if args.lora or args.attn_group_size or args.ffn_group_size or args.rank:
+                raise WideError("--lora/--attn-group-size/--ffn-group-size/--rank need --hf-model and --routers")
+            try:
+                cfg = WideConfig.from_json(args.config) if args.config else WideConfig()
+            except (ValueError, TypeError) as err:
+                raise WideError(f"--config: {err}") from None
+            model = build_example(cfg, seed=args.seed)
         for out in args.output:
             with contextlib.redirect_stdout(io.StringIO()):
                 export_model(model, example_inputs(cfg, args.tokens), out)

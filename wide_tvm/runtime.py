@@ -59,6 +59,11 @@ class WideModel:
         return self.meta["input_names"]
 
     def __call__(self, *inputs):
+        """The model's first output (the logits)."""
+        return self.outputs(*inputs)[0]
+
+    def outputs(self, *inputs) -> list:
+        """Every output of the model, in order (e.g. logits and router masks of a LogitsAndMasks export)."""
         if len(inputs) != len(self.input_names):
             raise WideError(f"model takes {len(self.input_names)} input(s) {self.input_names}, got {len(inputs)}")
         is_torch = type(inputs[0]).__module__.startswith("torch")
@@ -71,13 +76,12 @@ class WideModel:
             else:
                 args.append(self._tvm.runtime.tensor(np.ascontiguousarray(x), self.device))
         out = self.vm["main"](*args, *self.weights)
-        if isinstance(out, (list, tuple)) or type(out).__name__ == "Array":
-            out = out[0]
+        outs = list(out) if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [out]
         if is_torch:
             import torch
 
-            return torch.from_dlpack(out)
-        return out.numpy()
+            return [torch.from_dlpack(o) for o in outs]
+        return [o.numpy() for o in outs]
 
 
 def load(path: str, device: str = "cpu") -> WideModel:

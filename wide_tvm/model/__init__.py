@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from .config import WideConfig
-from .modules import (DecoderLayer, GatedAttention, GatedFFN, RMSNorm, TokenRouter,
+from .modules import (DecoderLayer, GatedAttention, GatedFFN, LogitsAndMasks, RMSNorm, TokenRouter,
                       WideForCausalLM)
 
-__all__ = ["WideConfig", "WideForCausalLM", "DecoderLayer", "GatedAttention", "GatedFFN", "RMSNorm",
+__all__ = ["WideConfig", "WideForCausalLM", "LogitsAndMasks", "DecoderLayer", "GatedAttention", "GatedFFN", "RMSNorm",
            "TokenRouter", "build_example", "example_inputs"]
 
 

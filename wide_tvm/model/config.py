@@ -23,6 +23,9 @@ class WideConfig:
     router_rank: int = 16
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    rope_inv_freq: list[float] | None = None  # explicit RoPE frequencies (scaled RoPE, e.g. Llama 3.1)
+    rope_scaling_factor: float = 1.0  # multiplies cos/sin (Hugging Face's attention_scaling)
     gated_layers: list[int] | None = field(default=None)  # None: every layer is gated
 
     def __post_init__(self) -> None:

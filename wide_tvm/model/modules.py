@@ -49,12 +49,18 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rope_cos_sin(seq_len: int, head_dim: int, theta: float, like: torch.Tensor):
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=like.device) / head_dim))
+def rope_cos_sin(seq_len: int, head_dim: int, theta: float, like: torch.Tensor,
+                 inv_freq: torch.Tensor | None = None, scale: float = 1.0):
+    """cos/sin [T, head_dim]; `inv_freq` overrides the theta formula (scaled RoPE variants)."""
+    if inv_freq is None:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=like.device) / head_dim))
     pos = torch.arange(seq_len, dtype=torch.float32, device=like.device)
     freqs = torch.outer(pos, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(like.dtype), emb.sin().to(like.dtype)
+    cos, sin = emb.cos(), emb.sin()
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    return cos.to(like.dtype), sin.to(like.dtype)
 
 
 def causal_mask(seq_len: int, like: torch.Tensor) -> torch.Tensor:
@@ -81,14 +87,22 @@ class GatedAttention(nn.Module):
         self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
         self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_eps)
+        inv_freq = None if cfg.rope_inv_freq is None else torch.tensor(cfg.rope_inv_freq, dtype=torch.float32)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         cfg = self.cfg
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, cfg.num_heads, cfg.head_dim)
+        k = self.k_proj(x).view(b, t, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        cos, sin = rope_cos_sin(t, cfg.head_dim, cfg.rope_theta, x)
+        cos, sin = rope_cos_sin(t, cfg.head_dim, cfg.rope_theta, x, self.inv_freq, cfg.rope_scaling_factor)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         n_rep = cfg.num_heads // cfg.num_kv_heads
@@ -134,10 +148,14 @@ class DecoderLayer(nn.Module):
             self.router_ffn = TokenRouter(cfg.hidden_size, cfg.router_rank, cfg.ffn_groups)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_with_masks(x)[0]
+
+    def forward_with_masks(self, x: torch.Tensor):
+        """(output, attention mask, FFN mask); the masks are None in an ungated layer."""
         attn_mask = self.router_attention(x) if self.gated else None
         x = x + self.self_attn(self.input_layernorm(x), attn_mask)
         ffn_mask = self.router_ffn(x) if self.gated else None
-        return x + self.mlp(self.post_attention_layernorm(x), ffn_mask)
+        return x + self.mlp(self.post_attention_layernorm(x), ffn_mask), attn_mask, ffn_mask
 
 
 class WideForCausalLM(nn.Module):
@@ -163,9 +181,28 @@ class WideForCausalLM(nn.Module):
         out = []
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
-            am = layer.router_attention(x) if layer.gated else None
-            x = x + layer.self_attn(layer.input_layernorm(x), am)
-            fm = layer.router_ffn(x) if layer.gated else None
-            x = x + layer.mlp(layer.post_attention_layernorm(x), fm)
+            x, am, fm = layer.forward_with_masks(x)
             out.append((am, fm))
         return out
+
+
+class LogitsAndMasks(nn.Module):
+    """Wraps a WIDE model to also output every router mask, concatenated: (logits, masks [B, T, sum G]).
+
+    Compiling this wrapper checks the compiled routers token by token (the masks of later layers depend
+    on the gated kernels of earlier ones).
+    """
+
+    def __init__(self, model: WideForCausalLM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor):
+        m = self.model
+        x = m.embed_tokens(input_ids)
+        masks = []
+        for layer in m.layers:
+            x, am, fm = layer.forward_with_masks(x)
+            masks += [mask for mask in (am, fm) if mask is not None]
+        logits = m.lm_head(m.norm(x))
+        return logits, torch.cat(masks, dim=-1)

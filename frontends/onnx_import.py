@@ -42,6 +42,36 @@ def inline_constant_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def weights_as_rows(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Store every 2-D MatMul weight as [N, K] (torch's Linear layout) behind a Transpose node.
+
+    The dynamo exporter pre-transposes Linear weights to [K, N]; transposing the initializer back
+    gives ONNX models the layout the torch.export path has, which the decode kernels stream row by row
+    and FuseTransposeMatmul turns into NT matmuls, with no transpose at run time.
+    """
+    inits = {init.name: init for init in model.graph.initializer}
+    consumers: dict = {}
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            consumers.setdefault(name, []).append((node, i))
+    nodes = []
+    for name, init in inits.items():
+        uses = consumers.get(name, [])
+        if len(init.dims) != 2 or not uses or any(n.op_type != "MatMul" or i != 1 for n, i in uses):
+            continue
+        rows = numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(init).T), name)
+        init.CopyFrom(rows)
+        kn = f"{name}__kn"
+        nodes.append(helper.make_node("Transpose", [name], [kn], perm=[1, 0], name=f"transpose_{name}"))
+        for node, i in uses:
+            node.input[i] = kn
+    if nodes:
+        rest = list(model.graph.node)
+        del model.graph.node[:]
+        model.graph.node.extend(nodes + rest)
+    return model
+
+
 class _Range(_onnx.Range):
     @classmethod
     def _impl_v12(cls, bb, inputs, attr, params):
@@ -104,7 +134,7 @@ def load_onnx(path: str) -> onnx.ModelProto:
 
 def import_onnx(path: str) -> tuple[tvm.IRModule, list, list[str]]:
     """(module whose main takes inputs then weights, weight arrays, weight names)."""
-    model = inline_constant_initializers(load_onnx(path))
+    model = weights_as_rows(inline_constant_initializers(load_onnx(path)))
     _check_supported(model, path)
     weights = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
     try:

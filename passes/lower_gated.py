@@ -1,7 +1,7 @@
 """LowerGatedLayers: replace router-gated FFN and attention output projections with block-sparse kernels.
 
 Gated SwiGLU FFN  ->  mask_reorder + gemm_mn (gate/up, SwiGLU epilogue) + gemm_k (down)
-Gated attention   ->  attention stays dense; mask gating + o_proj -> gemm_k
+Gated attention   ->  attention stays dense; mask gating + o_proj -> mask_reorder + gemm_k
 The router itself (and its argmax) stays in the graph: its mask feeds the kernels.
 """
 
@@ -14,7 +14,10 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import rewrite_call
 
+from ..kernel_knobs import kernel_key
 from ..schedules import gemm_k, gemm_mn, mask_reorder
+from ..schedules.gemv import GemvKnobs
+from ..schedules.tiles import TileConfig
 from ..schedules.root_block import with_root_block
 from .mask_analysis import MaskInfo, analyse_mask, op_name, resolve
 from .patterns import gated_projection, gated_swiglu_ffn
@@ -36,6 +39,7 @@ class _State:
     target_kind: str
     var2val: dict
     builder: relax.BlockBuilder
+    knobs: dict = field(default_factory=dict)  # kernel key -> tuned knobs (wide_tvm.kernel_knobs)
     kernels: dict = field(default_factory=dict)  # name -> GlobalVar, shared by the module's functions
     layers: list = field(default_factory=list)
 
@@ -108,15 +112,41 @@ def _is_attention(operand, var2val, depth: int = 10) -> bool:
     return False
 
 
-def _gemm_k_call(state: _State, a2, tokens, dtype: str, weight_expr, info: MaskInfo, out_expr):
+def _tuned(state: _State, kind: str, groups: int, group_size: int, dim: int, dtype: str) -> dict:
+    """Keyword arguments with the tuned knobs of one kernel, {} when the tuning log has none."""
+    entry = state.knobs.get(kernel_key(kind, groups, group_size, dim, dtype))
+    if not entry:
+        return {}
+    if state.target_kind == "cuda" and "decode" in entry:
+        return {"decode_knobs": tuple(GemvKnobs(*wu) for wu in entry["decode"])}
+    if state.target_kind == "llvm" and "cpu" in entry:
+        return {"cpu_tile": TileConfig(**entry["cpu"])}
+    return {}
+
+
+def _reorder_call(state: _State, info: MaskInfo, tokens):
+    """(kernel name, call) of the mask reorder: counts [G], order [G, tokens], used [G + 1]."""
+    G = info.groups
+    name = f"wide_mask_reorder_g{G}"
+    gv = state.kernel(name, lambda: mask_reorder(G, state.target_kind))
+    call = relax.call_tir(gv, [_flat_mask(info, tokens)],
+                          out_ty=[relax.TensorType([G], "int32"), relax.TensorType([G, tokens], "int32"),
+                                  relax.TensorType([G + 1], "int32")])
+    return name, call
+
+
+def _gemm_k_call(state: _State, a2, tokens, dtype: str, weight_expr, info: MaskInfo, used, out_expr):
     """(a2 [tokens, K] * mask) @ W through gemm_k, reshaped like `out_expr`; (None, None) if W does not fit."""
     weight, layout = _weight(weight_expr, state.var2val)
     n_dim, k_dim = _weight_dims(weight, layout)
     if k_dim != info.groups * info.group_size or str(weight.ty.dtype) != dtype:
         return None, None
     name = f"wide_gemm_k_g{info.groups}x{info.group_size}_n{n_dim}_{dtype}_{layout}"
-    gv = state.kernel(name, lambda: gemm_k(info.groups, info.group_size, n_dim, dtype, layout, state.target_kind))
-    y = relax.call_tir(gv, [a2, weight, _flat_mask(info, tokens)], out_ty=relax.TensorType([tokens, n_dim], dtype))
+    extra = _tuned(state, "gemm_k", info.groups, info.group_size, n_dim, dtype)
+    gv = state.kernel(name, lambda: gemm_k(info.groups, info.group_size, n_dim, dtype, layout, state.target_kind,
+                                           **extra))
+    y = relax.call_tir(gv, [a2, weight, _flat_mask(info, tokens), used],
+                       out_ty=relax.TensorType([tokens, n_dim], dtype))
     return relax.op.reshape(y, out_expr.ty.shape), (name, weight)
 
 
@@ -143,17 +173,15 @@ def _rewrite_ffn(state: _State, pat):
         tokens, hidden = tc
         dtype = str(xg.ty.dtype)
         G, gs = info.groups, info.group_size
-        reorder_name = f"wide_mask_reorder_g{G}"
-        gv_r = state.kernel(reorder_name, lambda: mask_reorder(G, state.target_kind))
+        reorder_name, reorder = _reorder_call(state, info, tokens)
         mn_name = f"wide_gemm_mn_swiglu_g{G}x{gs}_k{hidden}_{dtype}_{lg}"
-        gv_mn = state.kernel(mn_name, lambda: gemm_mn(G, gs, hidden, dtype, lg, True, state.target_kind))
-        mask2 = _flat_mask(info, tokens)
-        reorder = relax.call_tir(gv_r, [mask2], out_ty=[relax.TensorType([G], "int32"),
-                                                        relax.TensorType([G, tokens], "int32")])
+        extra = _tuned(state, "gemm_mn_swiglu", G, gs, hidden, dtype)
+        gv_mn = state.kernel(mn_name, lambda: gemm_mn(G, gs, hidden, dtype, lg, True, state.target_kind, **extra))
         x2 = relax.op.reshape(xg, relax.ShapeExpr([tokens, hidden]))
         h = relax.call_tir(gv_mn, [x2, wg, wu, relax.TupleGetItem(reorder, 0), relax.TupleGetItem(reorder, 1)],
                            out_ty=relax.TensorType([tokens, G * gs], dtype))
-        out, down = _gemm_k_call(state, h, tokens, dtype, m[pat.proj.weight], info, expr)
+        out, down = _gemm_k_call(state, h, tokens, dtype, m[pat.proj.weight], info,
+                                 relax.TupleGetItem(reorder, 2), expr)
         if out is None:
             return expr
         state.layers.append(GatedLayer("ffn", G, gs, [reorder_name, mn_name, down[0]],
@@ -176,11 +204,14 @@ def _rewrite_projection(state: _State, pat):
             return expr
         tokens, _ = tc
         a2 = relax.op.reshape(operand, relax.ShapeExpr([tokens, k]))
-        out, kern = _gemm_k_call(state, a2, tokens, str(operand.ty.dtype), m[pat.weight], info, expr)
+        reorder_name, reorder = _reorder_call(state, info, tokens)
+        out, kern = _gemm_k_call(state, a2, tokens, str(operand.ty.dtype), m[pat.weight], info,
+                                 relax.TupleGetItem(reorder, 2), expr)
         if out is None:
             return expr
         kind = "attention" if _is_attention(m[pat.operand], v2v) else "projection"
-        state.layers.append(GatedLayer(kind, info.groups, info.group_size, [kern[0]], [_name(kern[1])]))
+        state.layers.append(GatedLayer(kind, info.groups, info.group_size, [reorder_name, kern[0]],
+                                       [_name(kern[1])]))
         return out
 
     return callback
@@ -190,9 +221,10 @@ def _rewrite_projection(state: _State, pat):
 class LowerGatedLayers:
     """Find router-gated layers with dpl patterns and lower them; `self.layers` reports what was lowered."""
 
-    def __init__(self, target_kind: str, enabled: bool = True):
+    def __init__(self, target_kind: str, enabled: bool = True, knobs: dict | None = None):
         self.target_kind = target_kind
         self.enabled = enabled
+        self.knobs = knobs or {}
         self.layers: list[GatedLayer] = []
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -203,7 +235,7 @@ class LowerGatedLayers:
         for gv, func in list(mod.functions.items()):
             if not isinstance(func, relax.Function):
                 continue
-            state = _State(self.target_kind, relax.analysis.get_var2val(func), builder, kernels)
+            state = _State(self.target_kind, relax.analysis.get_var2val(func), builder, self.knobs, kernels)
             ffn = gated_swiglu_ffn()
             func = rewrite_call(ffn.root, _rewrite_ffn(state, ffn), func)
             state.var2val = relax.analysis.get_var2val(func)

@@ -12,6 +12,7 @@ from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 
 from .legalize import WIDE_LEGALIZATIONS
 from .lower_gated import LowerGatedLayers
+from .weight_matmul import FuseWeightTranspose
 
 
 def _gpu_default_schedule() -> tvm.transform.Pass:
@@ -27,6 +28,7 @@ def wide_passes(target: tvm.target.Target, lower: LowerGatedLayers, tuning_log: 
     passes = [
         lower,                                                        # gated layers -> block-sparse kernels
         relax.transform.DeadCodeElimination(),
+        FuseWeightTranspose(),                                        # x @ W.T without materialising W.T
         relax.transform.LegalizeOps(customize_legalize_map=WIDE_LEGALIZATIONS),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

@@ -11,18 +11,22 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .tiles import tile_config
+from .gemv import DEFAULT_DECODE, MAX_TOKENS, DecodeKnobs, gemv_k_body, supports_k
+from .tiles import TileConfig, tile_config
 from .weights import weight_loader
 
 
 def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
-           target_kind: str) -> tirx.PrimFunc:
-    """a [n, K=G*gs], w [N, K] ("nk") or [K, N] ("kn"), mask [n, G] int32 -> out [n, N]."""
+           target_kind: str, decode_knobs: DecodeKnobs = DEFAULT_DECODE,
+           cpu_tile: TileConfig | None = None) -> tirx.PrimFunc:
+    """a [n, K=G*gs], w [N, K] ("nk") or [K, N] ("kn"), mask [n, G], used [G+1] (mask reorder) -> out [n, N]."""
     G, gs, N = groups, group_size, n_dim
     K = G * gs
     wshape = (N, K) if w_layout == "nk" else (K, N)
     load_w = weight_loader(w_layout)
-    cfg = tile_config(target_kind, N)
+    cfg = cpu_tile if (cpu_tile is not None and target_kind == "llvm") else tile_config(target_kind, N)
+    if N % cfg.bn:
+        raise ValueError(f"tile width {cfg.bn} does not divide the output width {N}")
     BM, BN = cfg.bm, cfg.bn
 
     @T.macro
@@ -33,15 +37,12 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
                 flag[0] = T.max(flag[0], mask[row0 + r, g])
 
     if target_kind == "cuda":
+        small = w_layout == "nk" and supports_k(gs, N, dtype)  # decode kernels read fp16 [N, K] rows
+        gemv8 = gemv_k_body(G, gs, N, 8, decode_knobs[0]) if small else None
+        gemv16 = gemv_k_body(G, gs, N, MAX_TOKENS, decode_knobs[1]) if small else None
 
-        @T.prim_func(private=True)
-        def gemm_k_cuda(a_h: T.handle, w_h: T.handle, mask_h: T.handle, out_h: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            n = T.int64()
-            a = T.match_buffer(a_h, (n, K), dtype)
-            w = T.match_buffer(w_h, wshape, dtype)
-            mask = T.match_buffer(mask_h, (n, G), "int32")
-            out = T.match_buffer(out_h, (n, N), dtype)
+        @T.macro
+        def tiled(a, w, mask, used, out, n):
             for bx in T.thread_binding((n + BM - 1) // BM, thread="blockIdx.x"):
                 for by in T.thread_binding(N // BN, thread="blockIdx.y"):
                     for ty in T.thread_binding(BM, thread="threadIdx.y"):
@@ -60,36 +61,99 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
                             if bx * BM + ty < n:
                                 out[bx * BM + ty, by * BN + tx] = T.Cast(dtype, acc[0])
 
-        return gemm_k_cuda
+        @T.macro
+        def dispatch(a, w, mask, used, out, n):
+            if small:  # decided on the host: one kernel launch either way
+                if n <= 8:
+                    gemv8(a, w, mask, used, out, n)
+                elif n <= MAX_TOKENS:
+                    gemv16(a, w, mask, used, out, n)
+                else:
+                    tiled(a, w, mask, used, out, n)
+            else:
+                tiled(a, w, mask, used, out, n)
+
+
+    V = 16 if gs % 16 == 0 else (8 if gs % 8 == 0 else 1)  # K lanes of the row-dot partial sums (nk layout)
+
+    def tok(tile, r):
+        return tile // (N // BN) * BM + r
+
+    def ncol(tile, c):
+        return tile % (N // BN) * BN + c
+
+    @T.macro
+    def cpu_nk(a, w, mask, used, out, n):
+        # one task: BM tokens x BN weight rows; each row streams only the K-slices of the used groups
+        for tile in T.parallel((n + BM - 1) // BM * (N // BN)):
+            acc = T.decl_buffer((BM, V), "float32", scope="local")
+            flag = T.decl_buffer((1,), "int32", scope="local")
+            tot = T.decl_buffer((1,), "float32", scope="local")
+            for c in range(BN):
+                for r in range(BM):
+                    for v in T.vectorized(V):
+                        acc[r, v] = T.float32(0)
+                for j in range(used[G]):
+                    tile_active(mask, tok(tile, 0), used[j], n, flag)
+                    if flag[0] != 0:
+                        for k0 in range(gs // V):
+                            for r in range(BM):
+                                if tok(tile, r) < n:
+                                    if mask[tok(tile, r), used[j]] != 0:
+                                        for v in T.vectorized(V):
+                                            acc[r, v] = acc[r, v] + T.Cast(
+                                                "float32", a[tok(tile, r), used[j] * gs + k0 * V + v]) * \
+                                                T.Cast("float32", w[ncol(tile, c), used[j] * gs + k0 * V + v])
+                for r in range(BM):
+                    if tok(tile, r) < n:
+                        tot[0] = T.float32(0)
+                        for v in range(V):
+                            tot[0] = tot[0] + acc[r, v]
+                        out[tok(tile, r), ncol(tile, c)] = T.Cast(dtype, tot[0])
+
+    @T.macro
+    def cpu_kn(a, w, mask, used, out, n):
+        # one task: BM tokens x BN output columns; only the groups in the reorder's `used` list are visited
+        for tile in T.parallel((n + BM - 1) // BM * (N // BN)):
+            acc = T.decl_buffer((BM, BN), "float32", scope="local")
+            flag = T.decl_buffer((1,), "int32", scope="local")
+            for r in range(BM):
+                for c in T.vectorized(BN):
+                    acc[r, c] = T.float32(0)
+            for j in range(used[G]):
+                tile_active(mask, tile // (N // BN) * BM, used[j], n, flag)
+                if flag[0] != 0:
+                    for k in range(gs):
+                        for r in range(BM):
+                            if tile // (N // BN) * BM + r < n:
+                                if mask[tile // (N // BN) * BM + r, used[j]] != 0:
+                                    for c in T.vectorized(BN):
+                                        acc[r, c] = acc[r, c] + T.Cast(
+                                            "float32", a[tile // (N // BN) * BM + r, used[j] * gs + k]) * \
+                                            T.Cast("float32", load_w(w, used[j] * gs + k, tile % (N // BN) * BN + c))
+            for r in range(BM):
+                if tile // (N // BN) * BM + r < n:
+                    for c in T.vectorized(BN):
+                        out[tile // (N // BN) * BM + r, tile % (N // BN) * BN + c] = T.Cast(dtype, acc[r, c])
+
+    if target_kind != "cuda":
+
+        @T.macro
+        def dispatch(a, w, mask, used, out, n):
+            if w_layout == "nk":
+                cpu_nk(a, w, mask, used, out, n)
+            else:
+                cpu_kn(a, w, mask, used, out, n)
 
     @T.prim_func(private=True)
-    def gemm_k_cpu(a_h: T.handle, w_h: T.handle, mask_h: T.handle, out_h: T.handle):
+    def gemm_k(a_h: T.handle, w_h: T.handle, mask_h: T.handle, used_h: T.handle, out_h: T.handle):
         T.func_attr({"tirx.noalias": True})
         n = T.int64()
         a = T.match_buffer(a_h, (n, K), dtype)
         w = T.match_buffer(w_h, wshape, dtype)
         mask = T.match_buffer(mask_h, (n, G), "int32")
+        used = T.match_buffer(used_h, (G + 1,), "int32")
         out = T.match_buffer(out_h, (n, N), dtype)
-        for tile in T.parallel((n + BM - 1) // BM * (N // BN)):
-            acc = T.decl_buffer((BM, BN), "float32", scope="local")
-            flag = T.decl_buffer((1,), "int32", scope="local")
-            row0 = tile // (N // BN) * BM
-            col0 = tile % (N // BN) * BN
-            for r, c in T.grid(BM, BN):
-                acc[r, c] = T.float32(0)
-            for g in range(G):
-                tile_active(mask, row0, g, n, flag)
-                if flag[0] != 0:
-                    for r in range(BM):
-                        if row0 + r < n:
-                            if mask[row0 + r, g] != 0:
-                                for k in range(gs):
-                                    for c in range(BN):
-                                        acc[r, c] = acc[r, c] + T.Cast("float32", a[row0 + r, g * gs + k]) * \
-                                            T.Cast("float32", load_w(w, g * gs + k, col0 + c))
-            for r in range(BM):
-                if row0 + r < n:
-                    for c in range(BN):
-                        out[row0 + r, col0 + c] = T.Cast(dtype, acc[r, c])
+        dispatch(a, w, mask, used, out, n)
 
-    return gemm_k_cpu
+    return gemm_k

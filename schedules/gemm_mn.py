@@ -11,18 +11,22 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .tiles import tile_config
+from .gemv import DEFAULT_DECODE, MAX_TOKENS, DecodeKnobs, gemv_mn_body, supports_mn
+from .tiles import TileConfig, tile_config
 from .weights import weight_loader
 
 
 def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str, swiglu: bool,
-            target_kind: str) -> tirx.PrimFunc:
+            target_kind: str, decode_knobs: DecodeKnobs = DEFAULT_DECODE,
+            cpu_tile: TileConfig | None = None) -> tirx.PrimFunc:
     """x [n, K], w [N, K] ("nk") or [K, N] ("kn") (and w_up for SwiGLU), counts [G], order [G, n] -> out [n, N]."""
     G, gs, K = groups, group_size, k_dim
     N = G * gs
     wshape = (N, K) if w_layout == "nk" else (K, N)
     load_w = weight_loader(w_layout)
-    cfg = tile_config(target_kind, gs)
+    cfg = cpu_tile if (cpu_tile is not None and target_kind == "llvm") else tile_config(target_kind, gs)
+    if gs % cfg.bn:
+        raise ValueError(f"tile width {cfg.bn} does not divide the group size {gs}")
     BM, BN = cfg.bm, cfg.bn
     n_col_tiles = gs // BN
 
@@ -42,18 +46,12 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
             out[t, col] = T.Cast(dtype, acc[0])
 
     if target_kind == "cuda":
+        small = w_layout == "nk" and supports_mn(gs, K, dtype)  # decode kernels read fp16 [N, K] rows
+        gemv8 = gemv_mn_body(G, gs, K, swiglu, 8, decode_knobs[0]) if small else None
+        gemv16 = gemv_mn_body(G, gs, K, swiglu, MAX_TOKENS, decode_knobs[1]) if small else None
 
-        @T.prim_func(private=True)
-        def gemm_mn_cuda(x_h: T.handle, wg_h: T.handle, wu_h: T.handle, counts_h: T.handle,
-                         order_h: T.handle, out_h: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            n = T.int64()
-            x = T.match_buffer(x_h, (n, K), dtype)
-            wg = T.match_buffer(wg_h, wshape, dtype)
-            wu = T.match_buffer(wu_h, wshape, dtype)
-            counts = T.match_buffer(counts_h, (G,), "int32")
-            order = T.match_buffer(order_h, (G, n), "int32")
-            out = T.match_buffer(out_h, (n, N), dtype)
+        @T.macro
+        def tiled(x, wg, wu, counts, order, out, n):
             for bx in T.thread_binding(G * ((n + BM - 1) // BM), thread="blockIdx.x"):
                 for by in T.thread_binding(n_col_tiles, thread="blockIdx.y"):
                     for ty in T.thread_binding(BM, thread="threadIdx.y"):
@@ -68,11 +66,116 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
                                 else:
                                     out[t, col] = T.Cast(dtype, 0)
 
-        return gemm_mn_cuda
+        @T.macro
+        def dispatch(x, wg, wu, counts, order, out, n):
+            if small:  # decided on the host: one kernel launch either way
+                if n <= 8:
+                    gemv8(x, wg, wu, counts, order, out, n)
+                elif n <= MAX_TOKENS:
+                    gemv16(x, wg, wu, counts, order, out, n)
+                else:
+                    tiled(x, wg, wu, counts, order, out, n)
+            else:
+                tiled(x, wg, wu, counts, order, out, n)
+
+
+    def n_tiles(n):
+        return (n + BM - 1) // BM
+
+    V = 16 if K % 16 == 0 else (8 if K % 8 == 0 else 1)  # K lanes of the row-dot partial sums (nk layout)
+
+    def grp(task, n):
+        return task // n_col_tiles // n_tiles(n)
+
+    def row(task, n, r):
+        """Sorted slot of row r of this task's token tile."""
+        return task // n_col_tiles % n_tiles(n) * BM + r
+
+    def col(task, n, c):
+        return grp(task, n) * gs + task % n_col_tiles * BN + c
+
+    @T.macro
+    def cpu_nk(x, wg, wu, counts, order, out, n):
+        # one task: BM sorted tokens of one group x BN weight rows; each row is streamed once for the tile,
+        # V-wide partial sums per token, reduced in a fixed order at the end
+        for task in T.parallel(G * n_tiles(n) * n_col_tiles):
+            acc = T.decl_buffer((2, BM, V), "float32", scope="local")
+            tot = T.decl_buffer((2,), "float32", scope="local")
+            for c in range(BN):
+                if row(task, n, 0) < T.Cast("int64", counts[grp(task, n)]):
+                    for h, r in T.grid(2, BM):
+                        for v in T.vectorized(V):
+                            acc[h, r, v] = T.float32(0)
+                    for k0 in range(K // V):
+                        for r in range(BM):
+                            if row(task, n, r) < T.Cast("int64", counts[grp(task, n)]):
+                                for v in T.vectorized(V):
+                                    acc[0, r, v] = acc[0, r, v] + T.Cast(
+                                        "float32", x[order[grp(task, n), row(task, n, r)], k0 * V + v]) * \
+                                        T.Cast("float32", wg[col(task, n, c), k0 * V + v])
+                                if swiglu:
+                                    for v in T.vectorized(V):
+                                        acc[1, r, v] = acc[1, r, v] + T.Cast(
+                                            "float32", x[order[grp(task, n), row(task, n, r)], k0 * V + v]) * \
+                                            T.Cast("float32", wu[col(task, n, c), k0 * V + v])
+                for r in range(BM):
+                    if row(task, n, r) < n:
+                        if row(task, n, r) < T.Cast("int64", counts[grp(task, n)]):
+                            for h in range(2):
+                                tot[h] = T.float32(0)
+                                for v in range(V):
+                                    tot[h] = tot[h] + acc[h, r, v]
+                            out[order[grp(task, n), row(task, n, r)], col(task, n, c)] = T.Cast(
+                                dtype, (tot[0] * T.sigmoid(tot[0]) * tot[1]) if swiglu else tot[0])
+                        else:
+                            out[order[grp(task, n), row(task, n, r)], col(task, n, c)] = T.Cast(dtype, 0)
+
+    @T.macro
+    def cpu_kn(x, wg, wu, counts, order, out, n):
+        # one task: BM sorted tokens of one group x BN output columns, accumulated in a BM x BN register tile
+        for task in T.parallel(G * n_tiles(n) * n_col_tiles):
+            acc = T.decl_buffer((2, BM, BN), "float32", scope="local")
+            for h, r in T.grid(2, BM):
+                for c in T.vectorized(BN):
+                    acc[h, r, c] = T.float32(0)
+            if task // n_col_tiles % n_tiles(n) * BM < T.Cast("int64", counts[task // n_col_tiles // n_tiles(n)]):
+                for k in range(K):
+                    for r in range(BM):
+                        if task // n_col_tiles % n_tiles(n) * BM + r < T.Cast(
+                                "int64", counts[task // n_col_tiles // n_tiles(n)]):
+                            for c in T.vectorized(BN):
+                                acc[0, r, c] = acc[0, r, c] + T.Cast("float32", x[order[
+                                    task // n_col_tiles // n_tiles(n), task // n_col_tiles % n_tiles(n) * BM + r], k]) * \
+                                    T.Cast("float32", load_w(wg, k, task // n_col_tiles // n_tiles(n) * gs
+                                                             + task % n_col_tiles * BN + c))
+                            if swiglu:
+                                for c in T.vectorized(BN):
+                                    acc[1, r, c] = acc[1, r, c] + T.Cast("float32", x[order[
+                                        task // n_col_tiles // n_tiles(n), task // n_col_tiles % n_tiles(n) * BM + r],
+                                        k]) * T.Cast("float32", load_w(wu, k, task // n_col_tiles // n_tiles(n) * gs
+                                                                       + task % n_col_tiles * BN + c))
+            for r in range(BM):
+                if task // n_col_tiles % n_tiles(n) * BM + r < n:
+                    for c in T.vectorized(BN):
+                        out[order[task // n_col_tiles // n_tiles(n), task // n_col_tiles % n_tiles(n) * BM + r],
+                            task // n_col_tiles // n_tiles(n) * gs + task % n_col_tiles * BN + c] = T.Select(
+                            task // n_col_tiles % n_tiles(n) * BM + r
+                            < T.Cast("int64", counts[task // n_col_tiles // n_tiles(n)]),
+                            T.Cast(dtype, (acc[0, r, c] * T.sigmoid(acc[0, r, c]) * acc[1, r, c]) if swiglu
+                                   else acc[0, r, c]), T.Cast(dtype, 0))
+
+    if target_kind != "cuda":
+
+        @T.macro
+        def dispatch(x, wg, wu, counts, order, out, n):
+            if w_layout == "nk":
+                cpu_nk(x, wg, wu, counts, order, out, n)
+            else:
+                cpu_kn(x, wg, wu, counts, order, out, n)
 
     @T.prim_func(private=True)
-    def gemm_mn_cpu(x_h: T.handle, wg_h: T.handle, wu_h: T.handle, counts_h: T.handle,
-                    order_h: T.handle, out_h: T.handle):
+    def gemm_mn(x_h: T.handle, wg_h: T.handle, wu_h: T.handle, counts_h: T.handle, order_h: T.handle,
+                out_h: T.handle):
         T.func_attr({"tirx.noalias": True})
         n = T.int64()
         x = T.match_buffer(x_h, (n, K), dtype)
@@ -81,17 +184,6 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
         counts = T.match_buffer(counts_h, (G,), "int32")
         order = T.match_buffer(order_h, (G, n), "int32")
         out = T.match_buffer(out_h, (n, N), dtype)
-        for tile in T.parallel(G * ((n + BM - 1) // BM)):
-            g = tile // ((n + BM - 1) // BM)
-            i0 = tile % ((n + BM - 1) // BM) * BM
-            for ii in range(BM):
-                if i0 + ii < n:
-                    t = T.Cast("int64", order[g, i0 + ii])
-                    if i0 + ii < T.Cast("int64", counts[g]):
-                        for c in range(gs):
-                            dot_store(x, wg, wu, out, t, g * gs + c)
-                    else:
-                        for c in T.vectorized(gs):
-                            out[t, g * gs + c] = T.Cast(dtype, 0)
+        dispatch(x, wg, wu, counts, order, out, n)
 
-    return gemm_mn_cpu
+    return gemm_mn

@@ -1,8 +1,9 @@
 """Mask reorder: per group, the count of active tokens and a stable permutation with active tokens first.
 
 `order[g, :counts[g]]` are the active tokens of group g in ascending order, `order[g, counts[g]:]` the
-inactive ones. The block-sparse kernels walk `order` in tiles: a tile entirely past `counts[g]` holds
-no active token and is skipped. Computed on device; no host sort.
+inactive ones. `used[:used[G]]` lists the groups at least one token executes, ascending (the decode
+GEMV of gemm_k streams only their weights). The block-sparse kernels walk `order` in tiles: a tile
+entirely past `counts[g]` holds no active token and is skipped. Computed on device; no host sort.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from tvm.script import tirx as T
 
 
 def mask_reorder(groups: int, target_kind: str) -> tirx.PrimFunc:
-    """mask [n, G] int32 (nonzero = execute) -> counts [G] int32, order [G, n] int32."""
+    """mask [n, G] int32 (nonzero = execute) -> counts [G], order [G, n], used [G + 1] (all int32)."""
     G = groups
 
     @T.macro
@@ -32,31 +33,55 @@ def mask_reorder(groups: int, target_kind: str) -> tirx.PrimFunc:
                 cnt[1] = cnt[1] + 1
 
     if target_kind == "cuda":
-        threads = min(G, 128)
-        blocks = (G + threads - 1) // threads
+        if G > 1024:
+            raise ValueError(f"mask_reorder on CUDA supports at most 1024 groups, got {G}")
+        threads = 1 << max(5, (G - 1).bit_length())
+        log_t = threads.bit_length() - 1
 
         @T.prim_func(private=True)
-        def reorder_cuda(mask_h: T.handle, counts_h: T.handle, order_h: T.handle):
+        def reorder_cuda(mask_h: T.handle, counts_h: T.handle, order_h: T.handle, used_h: T.handle):
             T.func_attr({"tirx.noalias": True})
             n = T.int64()
             mask = T.match_buffer(mask_h, (n, G), "int32")
             counts = T.match_buffer(counts_h, (G,), "int32")
             order = T.match_buffer(order_h, (G, n), "int32")
-            for bx in T.thread_binding(blocks, thread="blockIdx.x"):
+            used = T.match_buffer(used_h, (G + 1,), "int32")
+            for bx in T.thread_binding(1, thread="blockIdx.x"):
+                scan = T.decl_buffer((threads,), "int32", scope="shared")
                 for tx in T.thread_binding(threads, thread="threadIdx.x"):
-                    if bx * threads + tx < G:
-                        partition(mask, counts, order, bx * threads + tx, n)
+                    reg = T.decl_buffer((2,), "int32", scope="local")
+                    reg[0] = 0
+                    if tx < G:
+                        partition(mask, counts, order, tx, n)
+                        reg[0] = T.Select(counts[tx] > 0, 1, 0)
+                    scan[tx] = reg[0]
+                    T.tvm_storage_sync("shared")
+                    for s in T.unroll(log_t):  # inclusive Hillis-Steele scan of the used flags
+                        reg[1] = T.Select(tx >= (1 << s), scan[T.max(tx - (1 << s), 0)], 0)
+                        T.tvm_storage_sync("shared")
+                        scan[tx] = scan[tx] + reg[1]
+                        T.tvm_storage_sync("shared")
+                    if reg[0] != 0:
+                        used[scan[tx] - 1] = tx
+                    if tx == threads - 1:
+                        used[G] = scan[tx]
 
         return reorder_cuda
 
     @T.prim_func(private=True)
-    def reorder_cpu(mask_h: T.handle, counts_h: T.handle, order_h: T.handle):
+    def reorder_cpu(mask_h: T.handle, counts_h: T.handle, order_h: T.handle, used_h: T.handle):
         T.func_attr({"tirx.noalias": True})
         n = T.int64()
         mask = T.match_buffer(mask_h, (n, G), "int32")
         counts = T.match_buffer(counts_h, (G,), "int32")
         order = T.match_buffer(order_h, (G, n), "int32")
+        used = T.match_buffer(used_h, (G + 1,), "int32")
         for g in T.parallel(G):
             partition(mask, counts, order, g, n)
+        used[G] = 0
+        for g in range(G):
+            if counts[g] > 0:
+                used[used[G]] = g
+                used[G] = used[G] + 1
 
     return reorder_cpu

@@ -38,3 +38,47 @@ def test_model_builds_for_cuda(exported, tmp_path):
     lib = compiled.export(str(tmp_path / "m.so"))
     _assert_device_code(lib)
     assert (tmp_path / "m.weights.npz").exists()
+
+
+def test_decode_kernels_use_tensor_cores_and_dispatch_on_tokens():
+    """fp16 [N, K] weights get three launches per gated GEMM: mma decode kernels for <= 8 and <= 16
+    tokens, the tiled kernel beyond; the decode ones read 16-byte vectors and never branch per element."""
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    for name, func in {"mn": gemm_mn(8, 64, 256, "float16", "nk", True, "cuda"),
+                       "k": gemm_k(8, 64, 256, "float16", "nk", "cuda")}.items():
+        with target:
+            lib = tvm.compile(tvm.IRModule({name: func.with_attr("global_symbol", name)}), target)
+        src = lib.mod.imports[0].inspect_source()
+        assert src.count("__global__ void") == 2 * 3, name  # declaration + definition of 3 kernels
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src, name
+        assert "*(uint4*)(wreg_ptr" in src, name  # vectorised weight loads into registers
+        assert "__syncthreads()" in src, name  # fixed-order split-K reduction through shared memory
+
+
+def test_decode_kernels_are_only_for_fp16_rows():
+    """fp32, [K, N] weights or group sizes the mma tiles do not fit keep the tiled kernel alone."""
+    from wide_tvm.schedules.gemv import supports_k, supports_mn
+
+    assert supports_mn(128, 4096, "float16") and supports_k(128, 4096, "float16")
+    assert not supports_mn(8, 4096, "float16") and not supports_k(16, 4096, "float16")
+    assert not supports_mn(128, 4096, "float32")
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    with target:
+        lib = tvm.compile(tvm.IRModule({"k": gemm_k(8, 64, 256, "float16", "kn", "cuda").with_attr(
+            "global_symbol", "k")}), target)
+    assert "mma.sync" not in lib.mod.imports[0].inspect_source()
+
+
+def test_bench_build_for_cuda(tmp_path):
+    """wide-bench build: our kernels (and knob candidates) plus TVM's dense baseline, as device code."""
+    import json
+
+    from wide_tvm.bench.build import build
+    from wide_tvm.bench.workloads import Workload
+
+    small = [Workload("mn", "gemm_mn", 4, 32, 64, swiglu=True), Workload("k", "gemm_k", 4, 32, 64)]
+    build(str(tmp_path), "cuda", small, sweep=True)
+    _assert_device_code(tmp_path / "ours.so")
+    _assert_device_code(tmp_path / "tvm_dense.so")
+    spec = json.loads((tmp_path / "bench.json").read_text())
+    assert [w["name"] for w in spec["workloads"]] == ["mn", "k"] and spec["sweep"]

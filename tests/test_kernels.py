@@ -26,14 +26,18 @@ def test_mask_reorder(groups, tokens, kind):
     rng = np.random.default_rng(tokens * 7 + groups)
     mask = make_mask(kind, tokens, groups, rng)
     counts, order = _t(np.zeros(groups, np.int32)), _t(np.full((groups, tokens), -1, np.int32))
-    build_cpu(mask_reorder(groups, "llvm"))(_t(mask), counts, order)
-    ref_counts, ref_order = ref_mask_reorder(mask)
+    used = _t(np.full(groups + 1, -1, np.int32))
+    build_cpu(mask_reorder(groups, "llvm"))(_t(mask), counts, order, used)
+    ref_counts, ref_order, ref_used = ref_mask_reorder(mask)
     np.testing.assert_array_equal(counts.numpy(), ref_counts)
     np.testing.assert_array_equal(order.numpy(), ref_order)
+    n_used = ref_used[groups]
+    assert used.numpy()[groups] == n_used
+    np.testing.assert_array_equal(used.numpy()[:n_used], ref_used[:n_used])
 
 
 def _run_mn(func, x, wg, wu, mask, n_out, dtype):
-    counts, order = ref_mask_reorder(mask)
+    counts, order, _ = ref_mask_reorder(mask)
     out = _t(np.full((x.shape[0], n_out), np.nan, dtype))
     func(_t(x), _t(wg), _t(wu), _t(counts), _t(order), out)
     return out.numpy()
@@ -63,7 +67,7 @@ def test_gemm_mn(group_size, layout, swiglu, dtype):
 
 def _run_k(func, a, w, mask, n_out, dtype):
     out = _t(np.full((a.shape[0], n_out), np.nan, dtype))
-    func(_t(a), _t(w), _t(mask), out)
+    func(_t(a), _t(w), _t(mask), _t(ref_mask_reorder(mask)[2]), out)
     return out.numpy()
 
 

@@ -20,7 +20,9 @@ import tvm  # noqa: E402
 
 from wide_tvm import compile as wide_compile  # noqa: E402
 from wide_tvm.frontends.export import export_model  # noqa: E402
+from wide_tvm.frontends.hf_checkpoint import load_wide_checkpoint  # noqa: E402
 from wide_tvm.model import WideConfig, build_example, example_inputs  # noqa: E402
+from wide_tvm.tiny_checkpoint import LORA_ALPHA, write_tiny_checkpoint  # noqa: E402
 from wide_tvm.schedules import gemm_k, gemm_mn, mask_reorder  # noqa: E402
 
 KERNELS = [
@@ -33,6 +35,18 @@ KERNELS = [
     ("gemm_k", 16, 8, 96, "float16", "nk"),
     ("mask_reorder", 6, 0, 0, "int32", ""),
     ("mask_reorder", 112, 0, 0, "int32", ""),
+    ("mask_reorder", 448, 0, 0, "int32", ""),
+    # Llama-3.1-8B shapes: <= 16 tokens run the decode GEMV, more the tiled kernels
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "nk"),
+    ("gemm_k", 112, 128, 4096, "float16", "nk"),
+    ("gemm_mn_swiglu", 448, 32, 4096, "float16", "nk"),
+    ("gemm_k", 448, 32, 4096, "float16", "nk"),
+    ("gemm_mn", 8, 512, 4096, "float16", "nk"),
+    ("gemm_k", 8, 512, 4096, "float16", "nk"),
+    ("gemm_k", 3, 40, 24, "float32", "nk"),  # odd K chunks: group slices of 40 floats
+    ("gemm_mn_swiglu", 6, 32, 64, "float16", "nk"),  # small fp16 shapes through the decode mma kernels
+    ("gemm_k", 6, 32, 64, "float16", "nk"),
+    ("gemm_mn", 4, 16, 96, "float16", "nk"),
 ]
 
 
@@ -51,6 +65,20 @@ def main(out_dir: str) -> None:
     export_model(build_example(cfg), example_inputs(cfg), model_path)
     wide_compile(model_path, "cuda").export(os.path.join(out_dir, "example.so"))
     wide_compile(model_path, "cuda", dense=True).export(os.path.join(out_dir, "example_dense.so"))
+    ckpt_dir = write_tiny_checkpoint(os.path.join(out_dir, "hf_llama"), "llama")
+    ckpt = load_wide_checkpoint(ckpt_dir, os.path.join(ckpt_dir, "router.pth"), os.path.join(ckpt_dir, "lora.pth"),
+                                lora_alpha=LORA_ALPHA)
+    hf_path = os.path.join(out_dir, "hf_llama.pt2")
+    export_model(ckpt.model, example_inputs(ckpt.config), hf_path)
+    wide_compile(hf_path, "cuda").export(os.path.join(out_dir, "hf_llama.so"))
+    import torch
+
+    torch.save(ckpt.model.state_dict(), os.path.join(out_dir, "hf_llama_state.pt"))
+    with open(os.path.join(out_dir, "hf_llama_config.json"), "w") as f:
+        f.write(ckpt.config.to_json())
+    for name in os.listdir(ckpt_dir):  # the checkpoint itself is not needed on the GPU host
+        os.remove(os.path.join(ckpt_dir, name))
+    os.rmdir(ckpt_dir)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024})
     funcs, specs = {}, []
     for i, spec in enumerate(KERNELS):

@@ -17,19 +17,25 @@ import numpy as np
 import torch
 
 import wide_tvm
-from wide_tvm.kernel_reference import (MASK_KINDS, make_mask, ref_gemm_k, ref_gemm_mn, ref_mask_reorder,
-                                       rel_err)
-from wide_tvm.model import WideConfig, build_example, example_inputs
+from wide_tvm.kernel_reference import MASK_KINDS, make_mask, ref_mask_reorder, rel_err
+from wide_tvm.model import WideConfig, WideForCausalLM, build_example, example_inputs
 from wide_tvm.runtime import _ensure_cuda_runtime
 
-TOKENS = (1, 5, 16, 33, 100)
+TOKENS = (1, 5, 8, 9, 16, 33, 100)
 
 
 def check_example(build_dir: str, rows: list, name: str = "example") -> None:
     model = wide_tvm.load(os.path.join(build_dir, f"{name}.so"), "cuda")
-    with open(os.path.join(build_dir, "kernels.json")) as f:
-        cfg = WideConfig(**json.load(f)["config"])
-    ref_model = build_example(cfg).cuda()
+    if name == "hf_llama":  # tiny Llama + WIDE routers + LoRA, built from a Hugging Face folder
+        with open(os.path.join(build_dir, "hf_llama_config.json")) as f:
+            cfg = WideConfig.from_json(f.read())
+        ref_model = WideForCausalLM(cfg)
+        ref_model.load_state_dict(torch.load(os.path.join(build_dir, "hf_llama_state.pt")))
+        ref_model = ref_model.eval().cuda()
+    else:
+        with open(os.path.join(build_dir, "kernels.json")) as f:
+            cfg = WideConfig(**json.load(f)["config"])
+        ref_model = build_example(cfg).cuda()
     for t in TOKENS:
         x = example_inputs(cfg, t)
         with torch.no_grad():
@@ -39,57 +45,86 @@ def check_example(build_dir: str, rows: list, name: str = "example") -> None:
                      "rel_err": rel_err(out1, ref), "deterministic": bool(np.array_equal(out1, out2))})
 
 
-def _tensor(tvm, a, dev):
-    return tvm.runtime.tensor(np.ascontiguousarray(a), dev)
+def _ref_mn(x, wg, wu, mask, gs, layout, swiglu):
+    """float64 reference on the GPU (numpy is too slow for Llama shapes)."""
+    kn = (lambda w: w.t()) if layout == "nk" else (lambda w: w)
+    a = x.double() @ kn(wg).double()
+    if swiglu:
+        a = torch.nn.functional.silu(a) * (x.double() @ kn(wu).double())
+    return a * torch.repeat_interleave(mask.double(), gs, dim=1)
+
+
+def _ref_k(a, w, mask, gs, layout):
+    kn = w.t() if layout == "nk" else w
+    return (a.double() * torch.repeat_interleave(mask.double(), gs, dim=1)) @ kn.double()
+
+
+def _rel(out, ref) -> float:
+    out = out.double()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    scale = ref.abs().max().item()
+    diff = (out - ref).abs().max().item() if out.numel() else 0.0
+    return diff / scale if scale > 0 else diff
 
 
 def check_kernels(build_dir: str, rows: list) -> None:
     import tvm
 
-    dev = tvm.cuda(0)
     lib = tvm.runtime.load_module(os.path.join(build_dir, "kernels.so"))
     with open(os.path.join(build_dir, "kernels.json")) as f:
         specs = json.load(f)["kernels"]
     rng = np.random.default_rng(0)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    tv = tvm.runtime.from_dlpack
+
+    def randn(*shape, dtype, scale=1.0):
+        return (torch.randn(*shape, generator=gen, device="cuda") * scale).to(getattr(torch, dtype))
+
     for spec in specs:
         g, gs, dim, dtype, layout = spec["groups"], spec["group_size"], spec["dim"], spec["dtype"], spec["layout"]
         fn = lib[spec["name"]]
-        for t in TOKENS:
+        big = max(dim, g * gs) >= 4096
+        if spec["kind"] == "gemm_k":
+            k = g * gs
+            w = randn(*((dim, k) if layout == "nk" else (k, dim)), dtype=dtype, scale=1 / np.sqrt(k))
+        elif spec["kind"] != "mask_reorder":
+            n = g * gs
+            wshape = (n, dim) if layout == "nk" else (dim, n)
+            wg, wu = (randn(*wshape, dtype=dtype, scale=1 / np.sqrt(dim)) for _ in range(2))
+        for t in TOKENS if not big else (1, 4, 8, 9, 16, 33):
             for kind in MASK_KINDS:
-                mask = make_mask(kind, t, g, rng)
+                mask_np = make_mask(kind, t, g, rng)
+                mask = torch.from_numpy(mask_np).cuda()
+                rc, ro, ru = (torch.from_numpy(v).cuda() for v in ref_mask_reorder(mask_np))
                 if spec["kind"] == "mask_reorder":
-                    counts = tvm.runtime.empty((g,), "int32", dev)
-                    order = tvm.runtime.empty((g, t), "int32", dev)
-                    fn(_tensor(tvm, mask, dev), counts, order)
-                    rc, ro = ref_mask_reorder(mask)
-                    ok = np.array_equal(counts.numpy(), rc) and np.array_equal(order.numpy(), ro)
+                    counts = torch.empty(g, dtype=torch.int32, device="cuda")
+                    order = torch.empty(g, t, dtype=torch.int32, device="cuda")
+                    used = torch.full((g + 1,), -1, dtype=torch.int32, device="cuda")
+                    fn(tv(mask), tv(counts), tv(order), tv(used))
+                    n_used = int(ru[g])
+                    ok = (torch.equal(counts, rc) and torch.equal(order, ro)
+                          and int(used[g]) == n_used and torch.equal(used[:n_used], ru[:n_used]))
                     rows.append({"what": spec["name"], "tokens": t, "mask": kind, "rel_err": 0.0 if ok else 1.0,
                                  "deterministic": True})
                     continue
-                scale = 1.0 / np.sqrt(dim if spec["kind"] != "gemm_k" else g * gs)
                 outs = []
                 if spec["kind"] == "gemm_k":
-                    a = rng.standard_normal((t, g * gs)).astype(dtype)
-                    w = (rng.standard_normal((dim, g * gs) if layout == "nk" else (g * gs, dim)) * scale).astype(dtype)
-                    ref = ref_gemm_k(a, w, mask, gs, layout)
+                    a = randn(t, g * gs, dtype=dtype)
+                    ref = _ref_k(a, w, mask, gs, layout)
                     for _ in range(2):
-                        out = tvm.runtime.empty((t, dim), dtype, dev)
-                        fn(_tensor(tvm, a, dev), _tensor(tvm, w, dev), _tensor(tvm, mask, dev), out)
-                        outs.append(out.numpy())
+                        out = torch.full((t, dim), float("nan"), dtype=getattr(torch, dtype), device="cuda")
+                        fn(tv(a), tv(w), tv(mask), tv(ru), tv(out))
+                        outs.append(out)
                 else:
-                    n = g * gs
-                    x = rng.standard_normal((t, dim)).astype(dtype)
-                    wshape = (n, dim) if layout == "nk" else (dim, n)
-                    wg = (rng.standard_normal(wshape) * scale).astype(dtype)
-                    wu = (rng.standard_normal(wshape) * scale).astype(dtype)
-                    ref = ref_gemm_mn(x, wg, wu, mask, gs, layout, spec["kind"] == "gemm_mn_swiglu")
-                    rc, ro = ref_mask_reorder(mask)
+                    x = randn(t, dim, dtype=dtype)
+                    ref = _ref_mn(x, wg, wu, mask, gs, layout, spec["kind"] == "gemm_mn_swiglu")
                     for _ in range(2):
-                        out = tvm.runtime.empty((t, n), dtype, dev)
-                        fn(*(_tensor(tvm, v, dev) for v in (x, wg, wu, rc, ro)), out)
-                        outs.append(out.numpy())
+                        out = torch.full((t, g * gs), float("nan"), dtype=getattr(torch, dtype), device="cuda")
+                        fn(tv(x), tv(wg), tv(wu), tv(rc), tv(ro), tv(out))
+                        outs.append(out)
                 rows.append({"what": f"{spec['name']} g{g}x{gs} {dtype} {layout}", "tokens": t, "mask": kind,
-                             "rel_err": rel_err(outs[0], ref), "deterministic": bool(np.array_equal(*outs))})
+                             "rel_err": _rel(outs[0], ref), "deterministic": bool(torch.equal(*outs))})
 
 
 def main() -> None:
@@ -103,6 +138,7 @@ def main() -> None:
     rows: list = []
     check_example(args.build_dir, rows)
     check_example(args.build_dir, rows, "example_dense")
+    check_example(args.build_dir, rows, "hf_llama")
     check_kernels(args.build_dir, rows)
     worst: dict = {}
     for r in rows:

@@ -126,3 +126,91 @@ def run_main(argv=None) -> int:
     except WideError as err:
         return _fail(err)
     return 0
+
+
+def bench_main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="wide-bench", description="Gated kernels vs cuBLAS, TVM dense and the roofline.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="compile the benchmark kernels (no GPU needed)")
+    b.add_argument("dir")
+    b.add_argument("--target", default="cuda")
+    b.add_argument("--sweep", action="store_true", help="also build every decode knob candidate")
+    r = sub.add_parser("run", help="time them on the GPU (TVM runtime only); writes JSON")
+    r.add_argument("dir")
+    r.add_argument("--json", required=True)
+    r.add_argument("--tokens", type=int, nargs="+")
+    r.add_argument("--sparsity", type=float, nargs="+")
+    r.add_argument("--masks", nargs="+")
+    r.add_argument("--only", nargs="+", help="workload names")
+    r.add_argument("--sweep", action="store_true", help="time the decode knob candidates instead")
+    c = sub.add_parser("cpu", help="time the llvm kernels on this machine's CPU; writes JSON")
+    c.add_argument("--json", required=True)
+    c.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64])
+    rep = sub.add_parser("report", help="Markdown table and plot from the JSON")
+    rep.add_argument("json")
+    rep.add_argument("--plot", help="write a PNG here")
+    rep.add_argument("--sparsity", type=float, default=0.5)
+    rep.add_argument("--mask", default="random")
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "build":
+            from .bench.build import build
+
+            print(f"wrote {build(args.dir, args.target, sweep=args.sweep)}")
+        elif args.cmd == "cpu":
+            import json
+
+            from .bench.cpu import run_cpu
+            from .compiler import REPO_TUNING_LOGS
+            from .kernel_knobs import load as load_knobs
+
+            result = run_cpu(tuple(args.tokens), knobs=load_knobs(str(REPO_TUNING_LOGS / "llvm")))
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+            print(f"wrote {args.json}")
+        elif args.cmd == "run":
+            from .bench import measure, workloads
+
+            if args.sweep:
+                import json
+
+                result = measure.sweep(args.dir, tuple(args.tokens or (1, 4, 8, 16)))
+                with open(args.json, "w") as f:
+                    json.dump(result, f, indent=1)
+                print(f"wrote {args.json}: best {result['best']}")
+                return 0
+            result = measure.run(args.dir, tuple(args.tokens or workloads.TOKENS),
+                                 tuple(args.sparsity or workloads.SPARSITIES), tuple(args.masks or workloads.MASKS),
+                                 args.only, json_path=args.json)
+            print(f"wrote {args.json}: {len(result['rows'])} measurements")
+        else:
+            from .bench import report
+
+            result = report.load(args.json)
+            print(report.markdown(result, args.sparsity, args.mask))
+            if args.plot:
+                print(f"wrote {report.plot(result, args.plot, args.mask)}")
+    except WideError as err:
+        return _fail(err)
+    return 0
+
+
+def tune_main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="wide-tune", description="Tune the gated kernels' knobs of a model for a target.")
+    p.add_argument("model", nargs="?", help="MODEL.onnx or MODEL.pt2")
+    p.add_argument("--target", default="llvm")
+    p.add_argument("--out", help="tuning folder (default: tuning_logs/<target>/)")
+    p.add_argument("--force", action="store_true", help="re-tune kernels already in the folder")
+    p.add_argument("--from-sweep", help="import GPU timings from `wide-bench run --sweep` (cuda targets)")
+    p.add_argument("--llama8b", action="store_true", help="tune the benchmark's Llama-3.1-8B FFN kernels (CPU)")
+    args = p.parse_args(argv)
+    try:
+        from .compiler import REPO_TUNING_LOGS
+        from .targets import parse_target, target_folder
+        from .tune import tune
+
+        out = args.out or str(REPO_TUNING_LOGS / target_folder(parse_target(args.target)))
+        print(f"wrote {tune(args.model, args.target, out, args.force, args.from_sweep, args.llama8b)}")
+    except WideError as err:
+        return _fail(err)
+    return 0

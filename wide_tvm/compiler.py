@@ -7,6 +7,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import kernel_knobs
 from .artifact import atomic_outputs, save_weights
 from .cuda_aot import nvcc_path, prepare_cuda_aot
 from .errors import WideError
@@ -64,7 +65,8 @@ class Compiled:
         lines.append(f"weights: {len(self.model.weights)} tensors kept as parameters, saved beside the library "
                      f"(*.weights.npz), {sum(w.nbytes for w in self.model.weights) / 2**20:.2f} MiB")
         if self.tuning_log:
-            lines.append(f"tuning log applied: {self.tuning_log}")
+            tuned = len(kernel_knobs.load(self.tuning_log))
+            lines.append(f"tuning log applied: {self.tuning_log} ({tuned} kernel knob entries)")
         return "\n".join(lines)
 
 
@@ -74,7 +76,8 @@ def _tuning_log(target, tuning_log: str | None) -> str | None:
             raise WideError(f"{tuning_log}: tuning log folder not found")
         return tuning_log
     default = REPO_TUNING_LOGS / target_folder(target)
-    return str(default) if (default / "database_workload.json").exists() else None
+    has = (default / "database_workload.json").exists() or (default / kernel_knobs.FILE).exists()
+    return str(default) if has else None
 
 
 def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa: A001
@@ -90,10 +93,11 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
         raise WideError(f"target {target!r}: only cuda and llvm targets are supported")
     imported = import_model(model)
     log = _tuning_log(tgt, tuning_log)
-    lower = LowerGatedLayers(tgt.kind.name, enabled=not dense)
+    lower = LowerGatedLayers(tgt.kind.name, enabled=not dense, knobs=kernel_knobs.load(log))
+    ms_log = log if log and os.path.exists(os.path.join(log, "database_workload.json")) else None
     try:
         with tgt:
-            executable = tvm.compile(imported.mod, tgt, relax_pipeline=wide_pipeline(tgt, lower, log))
+            executable = tvm.compile(imported.mod, tgt, relax_pipeline=wide_pipeline(tgt, lower, ms_log))
     except WideError:
         raise
     except Exception as err:  # noqa: BLE001 - surface one line, never a TVM traceback

@@ -11,21 +11,28 @@ MASK_KINDS = ("random", "all_active", "all_skipped", "skewed")
 
 
 def make_mask(kind: str, tokens: int, groups: int, rng: np.random.Generator, sparsity: float = 0.5) -> np.ndarray:
-    """[tokens, groups] int32 mask; "skewed": active counts differ strongly between groups."""
+    """[tokens, groups] int32 mask at `sparsity`; "skewed": the keep probability rises from 0 (first group)
+    to 1 (last group) as linspace**p, p = s / (1 - s), so active counts differ strongly between groups."""
     if kind == "all_active":
         return np.ones((tokens, groups), np.int32)
     if kind == "all_skipped":
         return np.zeros((tokens, groups), np.int32)
     if kind == "skewed":
-        keep = np.linspace(0.0, 1.0, groups)[None, :]
+        keep = np.linspace(0.0, 1.0, groups)[None, :] ** (sparsity / max(1e-6, 1.0 - sparsity))
         return (rng.random((tokens, groups)) < keep).astype(np.int32)
     return (rng.random((tokens, groups)) >= sparsity).astype(np.int32)
 
 
-def ref_mask_reorder(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    counts = mask.sum(axis=0).astype(np.int32)
+def ref_mask_reorder(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(counts [G], order [G, n], used [G + 1]) as the mask_reorder kernel defines them."""
+    counts = (mask != 0).sum(axis=0).astype(np.int32)
     order = np.stack([np.concatenate([np.flatnonzero(col), np.flatnonzero(col == 0)]) for col in mask.T])
-    return counts, order.astype(np.int32).reshape(mask.shape[1], mask.shape[0])
+    groups = mask.shape[1]
+    nz = np.flatnonzero(counts > 0)
+    used = np.zeros(groups + 1, np.int32)
+    used[:nz.size] = nz
+    used[groups] = nz.size
+    return counts, order.astype(np.int32).reshape(groups, mask.shape[0]), used
 
 
 def _kn(w: np.ndarray, layout: str) -> np.ndarray:

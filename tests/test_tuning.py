@@ -1,0 +1,125 @@
+"""Kernel knob tuning (wide-tune), the knob database wide-compile applies, and wide-bench's reports."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import build_cpu
+
+import wide_tvm
+from wide_tvm import kernel_knobs
+from wide_tvm.cli import tune_main
+from wide_tvm.kernel_reference import make_mask, ref_gemm_k, ref_gemm_mn, ref_mask_reorder, rel_err
+from wide_tvm.schedules import gemm_k, gemm_mn
+from wide_tvm.schedules.tiles import TileConfig
+
+
+@pytest.mark.parametrize("bm,bn", [(1, 8), (4, 16), (8, 32)])
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_cpu_kernels_correct_for_every_tile(bm, bn, layout):
+    """Every knob candidate the CPU tuner can pick computes the same thing (odd token counts included)."""
+    groups, gs, dim = 4, 32, 48
+    rng = np.random.default_rng(bm * 10 + bn)
+    mn = build_cpu(gemm_mn(groups, gs, dim, "float32", layout, True, "llvm", cpu_tile=TileConfig(bm, bn)))
+    k = build_cpu(gemm_k(groups, gs, 64, "float32", layout, "llvm", cpu_tile=TileConfig(bm, bn)))
+    import tvm
+
+    t = lambda a: tvm.runtime.tensor(np.ascontiguousarray(a))  # noqa: E731
+    for tokens in (1, 5, 13):
+        mask = make_mask("random", tokens, groups, rng)
+        counts, order, used = ref_mask_reorder(mask)
+        x = rng.standard_normal((tokens, dim)).astype("float32")
+        wshape = (groups * gs, dim) if layout == "nk" else (dim, groups * gs)
+        wg, wu = (rng.standard_normal(wshape).astype("float32") for _ in range(2))
+        out = t(np.full((tokens, groups * gs), np.nan, "float32"))
+        mn(t(x), t(wg), t(wu), t(counts), t(order), out)
+        assert rel_err(out.numpy(), ref_gemm_mn(x, wg, wu, mask, gs, layout, True)) < 1e-5
+        a = rng.standard_normal((tokens, groups * gs)).astype("float32")
+        w = rng.standard_normal((64, groups * gs) if layout == "nk" else (groups * gs, 64)).astype("float32")
+        out = t(np.full((tokens, 64), np.nan, "float32"))
+        k(t(a), t(w), t(mask), t(used), out)
+        assert rel_err(out.numpy(), ref_gemm_k(a, w, mask, gs, layout)) < 1e-5
+
+
+def test_knob_file_merges_and_rejects_garbage(tmp_path):
+    key = kernel_knobs.kernel_key("gemm_k", 6, 32, 64, "float32")
+    kernel_knobs.save(str(tmp_path), {key: {"cpu": {"bm": 4, "bn": 8}}}, "llvm", "test")
+    other = kernel_knobs.kernel_key("gemm_mn_swiglu", 6, 32, 64, "float32")
+    kernel_knobs.save(str(tmp_path), {other: {"cpu": {"bm": 1, "bn": 16}}}, "llvm", "test")
+    assert set(kernel_knobs.load(str(tmp_path))) == {key, other}
+    assert kernel_knobs.load(str(tmp_path / "none")) == {}
+    (tmp_path / kernel_knobs.FILE).write_text("{not json")
+    with pytest.raises(wide_tvm.WideError, match="not a kernel knob file"):
+        kernel_knobs.load(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_wide_tune_cpu_resumes_and_compile_applies_it(exported, tmp_path, capsys):
+    path, model, cfg = exported("default", "onnx")
+    out = str(tmp_path / "tl")
+    assert tune_main([path, "--target", "llvm", "--out", out]) == 0
+    entries = kernel_knobs.load(out)
+    assert len(entries) == 3 and all("cpu" in e for e in entries.values())  # gate/up, down, o_proj
+    capsys.readouterr()
+    assert tune_main([path, "--target", "llvm", "--out", out]) == 0  # resumes: nothing left to tune
+    assert "already tuned" in capsys.readouterr().out
+    doc = json.loads((tmp_path / "tl" / kernel_knobs.FILE).read_text())
+    assert doc["command"].startswith("wide-tune") and "llvm" in doc["target"]
+    compiled = wide_tvm.compile(path, "llvm", tuning_log=out)
+    assert f"({len(entries)} kernel knob entries)" in compiled.summary()
+    lib = compiled.export(str(tmp_path / "m.so"))
+    from wide_tvm.model import example_inputs
+
+    x = example_inputs(cfg, 9)
+    ref = model(x).detach().numpy()
+    assert rel_err(wide_tvm.load(lib)(x.numpy()), ref) < 1e-5
+
+
+def test_tuned_knobs_reach_the_kernels():
+    """LowerGatedLayers turns a knob entry into kernel arguments (CPU tile; CUDA decode knobs)."""
+    from wide_tvm.passes.lower_gated import _State, _tuned
+    from wide_tvm.schedules.gemv import GemvKnobs
+
+    key = kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16")
+    entries = {key: {"cpu": {"bm": 4, "bn": 16}, "decode": [[32, 2], [16, 1]]}}
+    cpu = _State("llvm", {}, None, entries)
+    gpu = _State("cuda", {}, None, entries)
+    assert _tuned(cpu, "gemm_k", 112, 128, 4096, "float16") == {"cpu_tile": TileConfig(4, 16)}
+    assert _tuned(gpu, "gemm_k", 112, 128, 4096, "float16") == {"decode_knobs": (GemvKnobs(32, 2), GemvKnobs(16, 1))}
+    assert _tuned(gpu, "gemm_k", 112, 128, 2048, "float16") == {}
+
+
+def test_wide_tune_from_gpu_sweep(tmp_path):
+    sweep = {"best": {f"{w}/{b}": {"warps": 8, "unroll": 2, "kernel_us": 40.0 + b} for w in
+                      ("gate_up_g128", "down_g128") for b in (8, 16)}}
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    out = str(tmp_path / "cuda")
+    assert tune_main(["--target", "cuda", "--from-sweep", str(tmp_path / "sweep.json"), "--out", out]) == 0
+    entries = kernel_knobs.load(out)
+    assert entries[kernel_knobs.kernel_key("gemm_mn_swiglu", 112, 128, 4096, "float16")]["decode"] == [[8, 2], [8, 2]]
+    assert kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16") in entries
+
+
+def test_wide_tune_errors(exported, tmp_path, capsys):
+    path, _, _ = exported("default", "onnx")
+    assert tune_main([path, "--target", "cuda", "--out", str(tmp_path)]) == 2
+    assert "wide-bench run DIR --sweep" in capsys.readouterr().err
+    assert tune_main(["--target", "llvm", "--out", str(tmp_path)]) == 2
+    assert "give a MODEL" in capsys.readouterr().err
+    assert not (tmp_path / kernel_knobs.FILE).exists()
+
+
+def test_bench_report_table_and_plot(tmp_path):
+    from wide_tvm.bench import report
+
+    rows = [{"workload": w, "tokens": m, "sparsity": 0.5, "mask": "random", "cublas_us": 40.0, "tvm_dense_us": 90.0,
+             "ours_us": 30.0 * m, "reorder_us": 4.0, "speedup_vs_cublas": 40 / (30.0 * m),
+             "limit_speedup_vs_cublas": 2.0, "dense_limit_speedup": 2.0, "rel_err": 3e-4}
+            for w in ("gate_up", "down") for m in (1, 4)]
+    result = {"device": "test", "timer": "t", "limits": {"bandwidth_gbs": 4000.0, "tensor_tflops": 700.0}, "rows": rows}
+    table = report.markdown(result)
+    assert table.count("\n| gate_up |") == 2 and "| 1.33x |" in table
+    png = report.plot(result, str(tmp_path / "p.png"))
+    assert open(png, "rb").read(4) == b"\x89PNG"

@@ -1,0 +1,90 @@
+"""Compile the benchmark's kernels on this machine (CUDA ahead of time; no GPU needed).
+
+DIR/ours.so: our gated kernels and mask reorders as plain TVM functions;
+DIR/tvm_dense.so: TVM's own dense matmul for every shape (wide-compile's pipeline without gating: dlight);
+DIR/bench.json: the workloads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ..cuda_aot import prepare_cuda_aot
+
+prepare_cuda_aot()
+
+import tvm  # noqa: E402
+from tvm import relax  # noqa: E402
+
+from .. import kernel_knobs  # noqa: E402
+from ..compiler import REPO_TUNING_LOGS  # noqa: E402
+from ..kernel_knobs import kernel_key  # noqa: E402
+from ..passes import LowerGatedLayers, wide_pipeline  # noqa: E402
+from ..schedules import gemm_k, gemm_mn, mask_reorder  # noqa: E402
+from ..targets import parse_target, target_folder  # noqa: E402
+from ..schedules.gemv import GemvKnobs  # noqa: E402
+from .workloads import LLAMA_8B, Workload, variants  # noqa: E402
+
+
+def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None):
+    """Our kernel for `w`: with `knobs` for both decode buckets, else the tuned entry, else defaults."""
+    kind = "gemm_k" if w.kind == "gemm_k" else ("gemm_mn_swiglu" if w.swiglu else "gemm_mn")
+    entry = (tuned or {}).get(kernel_key(kind, w.groups, w.group_size, w.dim, w.dtype), {})
+    extra = {}
+    if knobs is not None:
+        extra = {"decode_knobs": (knobs, knobs)}
+    elif "decode" in entry:
+        extra = {"decode_knobs": tuple(GemvKnobs(*wu) for wu in entry["decode"])}
+    if w.kind == "gemm_mn":
+        return gemm_mn(w.groups, w.group_size, w.k, w.dtype, "nk", w.swiglu, target_kind, **extra)
+    return gemm_k(w.groups, w.group_size, w.n, w.dtype, "nk", target_kind, **extra)
+
+
+def our_kernels(workloads: list[Workload], target_kind: str, sweep: bool = False, tuned: dict | None = None) -> dict:
+    """Our kernels (tuned knobs where `tuned` has them), their mask reorders and, with `sweep`, one kernel
+    per knob candidate."""
+    funcs = {}
+    for w in workloads:
+        funcs[w.kernel] = _kernel(w, target_kind, tuned=tuned).with_attr("global_symbol", w.kernel)
+        funcs[w.reorder] = mask_reorder(w.groups, target_kind).with_attr("global_symbol", w.reorder)
+        if sweep and target_kind == "cuda":
+            for warps, unroll in variants(w):
+                knobs = GemvKnobs(warps, unroll)
+                name = f"{w.kernel}_{knobs.name()}"
+                funcs[name] = _kernel(w, target_kind, knobs).with_attr("global_symbol", name)
+    return funcs
+
+
+def dense_module(workloads: list[Workload]) -> tvm.IRModule:
+    """One Relax function per dense shape: x [m, k] @ permute_dims(w [n, k]), m symbolic."""
+    bb = relax.BlockBuilder()
+    done = set()
+    for w in workloads:
+        if w.dense in done:
+            continue
+        done.add(w.dense)
+        m = tvm.tirx.Var("m", "int64")
+        x = relax.Var("x", relax.TensorType([m, w.k], w.dtype))
+        wt = relax.Var("w", relax.TensorType([w.n * w.weights, w.k], w.dtype))
+        with bb.function(w.dense, [x, wt]):
+            with bb.dataflow():
+                y = bb.emit_output(relax.op.matmul(x, relax.op.permute_dims(wt)))
+            bb.emit_func_output(y)
+    return bb.get()
+
+
+def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None = None, sweep: bool = False) -> str:
+    workloads = workloads or LLAMA_8B
+    tgt = parse_target(target)
+    os.makedirs(out_dir, exist_ok=True)
+    with tgt:
+        tuned = kernel_knobs.load(str(REPO_TUNING_LOGS / target_folder(tgt)))
+        tvm.compile(tvm.IRModule(our_kernels(workloads, tgt.kind.name, sweep, tuned)), tgt).export_library(
+            os.path.join(out_dir, "ours.so"))
+        dense = LowerGatedLayers(tgt.kind.name, enabled=False)  # the same pipeline wide-compile runs, no gating
+        tvm.compile(dense_module(workloads), tgt, relax_pipeline=wide_pipeline(tgt, dense)).export_library(
+            os.path.join(out_dir, "tvm_dense.so"))
+    with open(os.path.join(out_dir, "bench.json"), "w") as f:
+        json.dump({"target": str(tgt), "workloads": [w.to_json() for w in workloads], "sweep": sweep}, f, indent=1)
+    return out_dir

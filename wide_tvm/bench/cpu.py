@@ -1,0 +1,68 @@
+"""CPU side of wide-bench, measured on this machine: our llvm kernels at a sparsity and with every group
+active (the same kernels, dense), TVM dense (wide-compile's pipeline without gating) and torch.matmul."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernel_reference import make_mask, ref_mask_reorder
+from ..tune import KernelSpec, _build_cpu, time_call
+from .workloads import Workload
+
+CPU_WORKLOADS = [  # Llama-3.1-8B FFN shapes in fp32 (x86 has no fast fp16 arithmetic)
+    Workload("gate_up_g128", "gemm_mn", 112, 128, 4096, swiglu=True, dtype="float32"),
+    Workload("down_g128", "gemm_k", 112, 128, 4096, dtype="float32"),
+]
+
+
+def run_cpu(tokens=(1, 16, 64), sparsity: float = 0.5, knobs: dict | None = None, progress=print) -> dict:
+    import torch
+    import tvm
+    from tvm import relax
+    from tvm.runtime import vm as rvm
+
+    from ..kernel_knobs import kernel_key
+    from ..passes import LowerGatedLayers, wide_pipeline
+    from ..schedules.tiles import TileConfig
+    from ..targets import parse_target
+    from .build import dense_module
+
+    tgt = parse_target("llvm")
+    with tgt:
+        dense_vm = rvm.VirtualMachine(tvm.compile(dense_module(CPU_WORKLOADS), tgt, relax_pipeline=wide_pipeline(
+            tgt, LowerGatedLayers("llvm", enabled=False))), tvm.cpu())
+    rng = np.random.default_rng(0)
+    rows = []
+    for w in CPU_WORKLOADS:
+        kind = "gemm_mn_swiglu" if w.swiglu else w.kind
+        spec = KernelSpec(kind, w.groups, w.group_size, w.dim, w.dtype, "nk")
+        entry = (knobs or {}).get(kernel_key(kind, w.groups, w.group_size, w.dim, w.dtype), {})
+        tile = TileConfig(**entry["cpu"]) if "cpu" in entry else None
+        fn = _build_cpu(spec, tile)
+        wcat = (rng.standard_normal((w.n * w.weights, w.k)) / np.sqrt(w.k)).astype(w.dtype)
+        wt = torch.from_numpy(wcat)
+        wtvm = tvm.runtime.tensor(wcat)
+        parts = [tvm.runtime.tensor(np.ascontiguousarray(wcat[:w.n])),
+                 tvm.runtime.tensor(np.ascontiguousarray(wcat[w.n:] if w.swiglu else wcat))]
+        for m in tokens:
+            x = rng.standard_normal((m, w.k)).astype(w.dtype)
+            xt, xtvm = torch.from_numpy(x), tvm.runtime.tensor(x)
+            t_torch = time_call(lambda: torch.matmul(xt, wt.t()), [])
+            t_tvm = time_call(lambda: dense_vm[w.dense](xtvm, wtvm), [])
+            times = {}
+            for label, mask in (("sparse", make_mask("random", m, w.groups, rng, sparsity)),
+                                ("dense", np.ones((m, w.groups), np.int32))):
+                counts, order, used = (tvm.runtime.tensor(v) for v in ref_mask_reorder(mask))
+                out = tvm.runtime.tensor(np.zeros((m, w.n), w.dtype))
+                args = ([xtvm, parts[0], parts[1], counts, order, out] if w.kind == "gemm_mn"
+                        else [xtvm, parts[0], tvm.runtime.tensor(mask), used, out])
+                times[label] = time_call(fn, args)
+            row = {"workload": w.name, "tokens": m, "sparsity": sparsity, "torch_us": t_torch, "tvm_dense_us": t_tvm,
+                   "ours_us": times["sparse"], "ours_all_active_us": times["dense"],
+                   "speedup_vs_same_kernel_dense": times["dense"] / times["sparse"],
+                   "speedup_vs_torch": t_torch / times["sparse"], "tile": entry.get("cpu")}
+            rows.append(row)
+            progress(f"{w.name:13s} M={m:3d} torch {t_torch:9.0f} us  TVM dense {t_tvm:10.0f} us  ours "
+                     f"{times['sparse']:9.0f} us  ours all-active {times['dense']:9.0f} us  "
+                     f"x{row['speedup_vs_same_kernel_dense']:.2f} vs same kernel dense")
+    return {"device": "CPU (this machine)", "rows": rows}

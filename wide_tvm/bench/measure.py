@@ -1,0 +1,234 @@
+"""Time the built kernels on the GPU (TVM runtime only) next to torch.matmul, with their rooflines.
+
+Every time is the median of `triton.testing.do_bench` (warm-up excluded, L2 flushed between runs),
+falling back to CUDA events; weights rotate over enough copies to exceed the L2 cache.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+
+from ..kernel_reference import make_mask
+from .workloads import MASKS, SPARSITIES, TOKENS, Workload, variants
+
+
+def _timer():
+    try:
+        from triton.testing import do_bench
+
+        return lambda fn: float(do_bench(fn, warmup=10, rep=40, return_mode="median")) * 1e3, "triton.do_bench median"
+    except ImportError:
+        import torch
+
+        def events(fn, reps=30):
+            for _ in range(3):
+                fn()
+            times = []
+            for _ in range(reps):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn()
+                e.record()
+                e.synchronize()
+                times.append(s.elapsed_time(e) * 1e3)
+            return float(np.median(times))
+
+        return events, "CUDA events median"
+
+
+def _rotating(make, copies: int):
+    """A callable cycling through `copies` argument sets, so weights come from DRAM, not L2."""
+    sets = [make(i) for i in range(copies)]
+    state = {"i": 0}
+
+    def nxt():
+        state["i"] = (state["i"] + 1) % copies
+        return sets[state["i"]]
+
+    return nxt
+
+
+def device_limits(timer) -> dict:
+    """Measured DRAM bandwidth (device copy) and dense fp16 tensor-core throughput (cuBLAS 8192^3)."""
+    import torch
+
+    src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t_copy = timer(lambda: dst.copy_(src))
+    a = torch.randn(8192, 8192, dtype=torch.float16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.float16, device="cuda")
+    t_mm = timer(lambda: torch.matmul(a, b))
+    del src, dst
+    return {"bandwidth_gbs": 2 * (2 << 30) / t_copy * 1e-3, "tensor_tflops": 2 * 8192 ** 3 / t_mm * 1e-6}
+
+
+def _limit_us(w: Workload, m: int, mask: np.ndarray, limits: dict) -> float:
+    """Roofline time of the gated work: used groups' weight bytes + activations, or active FLOPs."""
+    counts = mask.sum(axis=0)
+    used = int((counts > 0).sum())
+    other = w.k if w.kind == "gemm_mn" else w.n  # the weight dimension that is not grouped
+    w_bytes = used * w.group_size * other * 2 * w.weights
+    io_bytes = 2 * m * (w.k + w.n)
+    flops = 2 * int(counts.sum()) * w.group_size * other * w.weights
+    return max((w_bytes + io_bytes) / (limits["bandwidth_gbs"] * 1e3), flops / (limits["tensor_tflops"] * 1e6))
+
+
+def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only: list[str] | None = None,
+        progress=print, json_path: str | None = None) -> dict:
+    """Measure every workload; with `json_path`, the result so far is rewritten after each workload."""
+    import torch
+    import tvm
+    from tvm.runtime import vm as rvm
+
+    from ..runtime import _ensure_cuda_runtime
+
+    _ensure_cuda_runtime(tvm)
+    dev = tvm.cuda(0)
+    with open(os.path.join(build_dir, "bench.json")) as f:
+        spec = json.load(f)
+    ours = tvm.runtime.load_module(os.path.join(build_dir, "ours.so"))
+    dense_vm = rvm.VirtualMachine(tvm.runtime.load_module(os.path.join(build_dir, "tvm_dense.so")), dev)
+    timer, how = _timer()
+    limits = device_limits(timer)
+    progress(f"measured: DRAM {limits['bandwidth_gbs']:.0f} GB/s, dense fp16 tensor cores "
+             f"{limits['tensor_tflops']:.0f} TFLOP/s")
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    tv = tvm.runtime.from_dlpack
+    rows = []
+    result = {"device": torch.cuda.get_device_name(0), "timer": how, "limits": limits, "rows": rows}
+    rng = np.random.default_rng(0)
+    for wj in spec["workloads"]:
+        w = Workload(**wj)
+        if only and w.name not in only:
+            continue
+        copies = max(1, math.ceil(3 * l2 / (w.n * w.k * 2 * w.weights)))
+        scale = 1.0 / math.sqrt(w.k)
+
+        def make(_i, w=w, scale=scale):
+            wcat = (torch.randn(w.n * w.weights, w.k, device="cuda") * scale).half()
+            return wcat, [tv(v) for v in (wcat[:w.n], wcat[w.n:] if w.swiglu else wcat)], tv(wcat)
+
+        weights = _rotating(make, copies)
+        kernel, reorder = ours[w.kernel], ours[w.reorder]
+        for m in tokens:
+            x = torch.randn(m, w.k, device="cuda").half()
+            xt = tv(x)
+            t_cublas = timer(lambda: torch.matmul(x, weights()[0].t()))
+            t_tvm = timer(lambda: dense_vm[w.dense](xt, weights()[2]))
+            for sp in sparsities:
+                for mk in masks:
+                    mask_np = make_mask(mk, m, w.groups, rng, sp)
+                    mask = torch.from_numpy(mask_np).cuda()
+                    counts = torch.empty(w.groups, dtype=torch.int32, device="cuda")
+                    order = torch.empty(w.groups, m, dtype=torch.int32, device="cuda")
+                    used = torch.empty(w.groups + 1, dtype=torch.int32, device="cuda")
+                    out = torch.empty(m, w.n, dtype=torch.float16, device="cuda")
+                    r_args = [tv(v) for v in (mask, counts, order, used)]
+
+                    def call(wts, w=w, r_args=r_args, xt=xt, out=out):
+                        if w.kind == "gemm_mn":
+                            kernel(xt, wts[1][0], wts[1][1], r_args[1], r_args[2], tv(out))
+                        else:
+                            kernel(xt, wts[1][0], r_args[0], r_args[3], tv(out))
+
+                    t_reorder = timer(lambda: reorder(*r_args))
+                    t_kernel = timer(lambda: call(weights()))
+                    reorder(*r_args)
+                    err = _check(w, x, weights(), mask, out, call)
+                    limit = _limit_us(w, m, mask_np, limits)
+                    row = {"workload": w.name, "kind": w.kind, "group_size": w.group_size, "tokens": m,
+                           "sparsity": sp, "mask": mk, "measured_sparsity": float(1 - mask_np.mean()),
+                           "cublas_us": t_cublas, "tvm_dense_us": t_tvm, "ours_us": t_reorder + t_kernel,
+                           "kernel_us": t_kernel, "reorder_us": t_reorder, "limit_us": limit,
+                           "speedup_vs_cublas": t_cublas / (t_reorder + t_kernel),
+                           "limit_speedup_vs_cublas": t_cublas / limit, "dense_limit_speedup": 1 / (1 - sp),
+                           "rel_err": err}
+                    rows.append(row)
+                    progress(f"{w.name:14s} M={m:5d} s={sp:.2f} {mk:7s} cuBLAS {t_cublas:9.1f} us  TVM dense "
+                             f"{t_tvm:9.1f} us  ours {t_reorder + t_kernel:9.1f} us (reorder {t_reorder:6.1f})  "
+                             f"x{t_cublas / (t_reorder + t_kernel):5.2f}  limit x{t_cublas / limit:5.2f}  err {err:.1e}")
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(result, f, indent=1)
+    return result
+
+
+def _check(w: Workload, x, wts, mask, out, call) -> float:
+    """Relative error of our output against a float32 torch reference on the same weights."""
+    import torch
+
+    call(wts)
+    torch.cuda.synchronize()
+    wcat = wts[0].float()
+    expand = torch.repeat_interleave(mask.float(), w.group_size, dim=1)
+    if w.kind == "gemm_mn":
+        h = x.float() @ wcat.t()
+        if w.swiglu:
+            h = torch.nn.functional.silu(h[:, :w.n]) * h[:, w.n:]
+        ref = h * expand
+    else:
+        ref = (x.float() * expand) @ wcat.t()
+    scale = ref.abs().max().item()
+    return float((out.float() - ref).abs().max().item() / scale) if scale > 0 else float(out.abs().max().item())
+
+
+
+def sweep(build_dir: str, tokens=(1, 4, 8, 16), sparsity: float = 0.5, progress=print) -> dict:
+    """Time every decode knob candidate (built by `wide-bench build --sweep`) on random masks; pick the
+    fastest per workload and token bucket (<= 8, <= 16)."""
+    import torch
+    import tvm
+
+    from ..runtime import _ensure_cuda_runtime
+
+    _ensure_cuda_runtime(tvm)
+    with open(os.path.join(build_dir, "bench.json")) as f:
+        spec = json.load(f)
+    ours = tvm.runtime.load_module(os.path.join(build_dir, "ours.so"))
+    timer, how = _timer()
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    tv = tvm.runtime.from_dlpack
+    rng = np.random.default_rng(1)
+    rows, best = [], {}
+    for wj in spec["workloads"]:
+        w = Workload(**wj)
+        copies = max(1, math.ceil(3 * l2 / (w.n * w.k * 2 * w.weights)))
+        sets = [(torch.randn(w.n * w.weights, w.k, device="cuda") / math.sqrt(w.k)).half() for _ in range(copies)]
+        state = {"i": 0}
+
+        def wts():
+            state["i"] = (state["i"] + 1) % copies
+            return sets[state["i"]]
+
+        for m in tokens:
+            mask = torch.from_numpy(make_mask("random", m, w.groups, rng, sparsity)).cuda()
+            counts = torch.empty(w.groups, dtype=torch.int32, device="cuda")
+            order = torch.empty(w.groups, m, dtype=torch.int32, device="cuda")
+            used = torch.empty(w.groups + 1, dtype=torch.int32, device="cuda")
+            ours[w.reorder](*(tv(v) for v in (mask, counts, order, used)))
+            x = torch.randn(m, w.k, device="cuda").half()
+            out = torch.empty(m, w.n, dtype=torch.float16, device="cuda")
+            for warps, unroll in variants(w):
+                knob_name = f"w{warps}u{unroll}"  # GemvKnobs.name(); schedules is not importable here
+                fn = ours[f"{w.kernel}_{knob_name}"]
+                if w.kind == "gemm_mn":
+                    def call(fn=fn):
+                        wc = wts()
+                        fn(tv(x), tv(wc[:w.n]), tv(wc[w.n:] if w.swiglu else wc), tv(counts), tv(order), tv(out))
+                else:
+                    def call(fn=fn):
+                        fn(tv(x), tv(wts()), tv(mask), tv(used), tv(out))
+                t = timer(call)
+                rows.append({"workload": w.name, "tokens": m, "knobs": knob_name, "kernel_us": t})
+                bucket = 8 if m <= 8 else 16
+                key = f"{w.name}/{bucket}"
+                if key not in best or t < best[key]["kernel_us"]:
+                    best[key] = {"knobs": knob_name, "warps": warps, "unroll": unroll, "kernel_us": t, "tokens": m}
+            progress(f"{w.name:14s} M={m:3d} " + "  ".join(f"{r['knobs']} {r['kernel_us']:6.1f}"
+                                                          for r in rows if r["workload"] == w.name and r["tokens"] == m))
+        del sets
+    return {"device": torch.cuda.get_device_name(0), "timer": how, "sparsity": sparsity, "rows": rows, "best": best}

@@ -1,0 +1,74 @@
+"""The benchmarked workloads: Llama-3.1-8B projection shapes, token counts, sparsities, mask kinds."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+TOKENS = (1, 4, 8, 16, 64, 512, 4096)
+SPARSITIES = (0.25, 0.5, 0.75)
+MASKS = ("random", "skewed")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One gated projection: `kind` gemm_mn (output groups) or gemm_k (reduction groups).
+
+    gemm_mn: x [M, k] -> [M, groups*group_size] (with SwiGLU: gate and up weights);
+    gemm_k: a [M, groups*group_size] -> [M, n].
+    """
+
+    name: str
+    kind: str
+    groups: int
+    group_size: int
+    dim: int  # K of gemm_mn, N of gemm_k
+    swiglu: bool = False
+    dtype: str = "float16"
+
+    @property
+    def k(self) -> int:
+        return self.dim if self.kind == "gemm_mn" else self.groups * self.group_size
+
+    @property
+    def n(self) -> int:
+        return self.groups * self.group_size if self.kind == "gemm_mn" else self.dim
+
+    @property
+    def weights(self) -> int:
+        """Weight matrices of shape [n, k] (gate and up for SwiGLU)."""
+        return 2 if self.swiglu else 1
+
+    @property
+    def kernel(self) -> str:
+        return f"bench_{self.name}"
+
+    @property
+    def reorder(self) -> str:
+        return f"bench_reorder_g{self.groups}"
+
+    @property
+    def dense(self) -> str:
+        """Name of the TVM dense baseline function: x [M, k] @ W[n*weights, k]^T."""
+        return f"dense_k{self.k}_n{self.n * self.weights}"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+LLAMA_8B = [
+    Workload("gate_up_g128", "gemm_mn", 112, 128, 4096, swiglu=True),
+    Workload("down_g128", "gemm_k", 112, 128, 4096),
+    Workload("gate_up_g32", "gemm_mn", 448, 32, 4096, swiglu=True),
+    Workload("down_g32", "gemm_k", 448, 32, 4096),
+    Workload("q_proj_h4", "gemm_mn", 8, 512, 4096),
+    Workload("o_proj_h4", "gemm_k", 8, 512, 4096),
+]
+
+
+# Decode-kernel knob candidates (warps splitting K, K chunks in flight per warp); the sweep times each.
+MN_VARIANTS = ((4, 4), (8, 4), (8, 2), (16, 2), (16, 1))
+K_VARIANTS = ((4, 4), (8, 4), (16, 2), (16, 4), (32, 1), (32, 2))
+
+
+def variants(w: Workload) -> tuple:
+    return MN_VARIANTS if w.kind == "gemm_mn" else K_VARIANTS

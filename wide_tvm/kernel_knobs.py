@@ -1,0 +1,63 @@
+"""Tuned kernel knobs per target: `tuning_logs/<target>/kernel_knobs.json`, written by wide-tune.
+
+The block-sparse kernels are hand-written TensorIR whose intra-block knobs (warps splitting K and loads
+in flight for the decode kernels; token tile and vector width on the CPU) are chosen by measuring the
+candidates on the target. This file maps a kernel's shape key to the winning knobs; `wide-compile`
+applies it, and kernels without an entry keep the defaults.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+
+from .errors import WideError
+
+FILE = "kernel_knobs.json"
+
+
+def kernel_key(kind: str, groups: int, group_size: int, dim: int, dtype: str) -> str:
+    """kind: gemm_mn_swiglu, gemm_mn or gemm_k; dim: K of gemm_mn, N of gemm_k."""
+    return f"{kind}/g{groups}x{group_size}/d{dim}/{dtype}"
+
+
+def load(folder: str | None) -> dict:
+    """The knob entries of a tuning folder ({} when it has none)."""
+    if not folder:
+        return {}
+    path = os.path.join(folder, FILE)
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path) as f:
+            return json.load(f)["entries"]
+    except (OSError, ValueError, KeyError) as err:
+        raise WideError(f"{path}: not a kernel knob file ({err})") from None
+
+
+def host_cpu() -> str:
+    """'<model name>, N cores' of this machine (for the record in a tuning file)."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores"
+
+
+def save(folder: str, entries: dict, target: str, command: str, hardware: str | None = None) -> str:
+    """Merge `entries` into FOLDER/kernel_knobs.json (existing keys are replaced), atomically."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, FILE)
+    merged = load(folder)
+    merged.update(entries)
+    doc = {"target": target, "hardware": hardware or host_cpu(),
+           "date": datetime.date.today().isoformat(), "command": command, "entries": merged}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    return path

@@ -11,7 +11,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .gemv import DEFAULT_DECODE, MAX_TOKENS, DecodeKnobs, gemv_k_body, supports_k
+from .gemv import DEFAULT_DECODE, MAX_TOKENS, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, gemv_k_body, supports_k
 from .tiles import TileConfig, tile_config
 from .weights import weight_loader
 
@@ -40,6 +40,7 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
         small = w_layout == "nk" and supports_k(gs, N, dtype)  # decode kernels read fp16 [N, K] rows
         gemv8 = gemv_k_body(G, gs, N, 8, decode_knobs[0]) if small else None
         gemv16 = gemv_k_body(G, gs, N, MAX_TOKENS, decode_knobs[1]) if small else None
+        gemv_tiles = gemv_k_body(G, gs, N, TILE_TOKENS, PREFILL_KNOBS, token_tiles=True) if small else None
 
         @T.macro
         def tiled(a, w, mask, used, out, n):
@@ -69,7 +70,7 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
                 elif n <= MAX_TOKENS:
                     gemv16(a, w, mask, used, out, n)
                 else:
-                    tiled(a, w, mask, used, out, n)
+                    gemv_tiles(a, w, mask, used, out, n)
             else:
                 tiled(a, w, mask, used, out, n)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .gemv import DEFAULT_DECODE, MAX_TOKENS, DecodeKnobs, gemv_mn_body, supports_mn
+from .gemv import DEFAULT_DECODE, MAX_TOKENS, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, gemv_mn_body, supports_mn
 from .tiles import TileConfig, tile_config
 from .weights import weight_loader
 
@@ -49,6 +49,7 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
         small = w_layout == "nk" and supports_mn(gs, K, dtype)  # decode kernels read fp16 [N, K] rows
         gemv8 = gemv_mn_body(G, gs, K, swiglu, 8, decode_knobs[0]) if small else None
         gemv16 = gemv_mn_body(G, gs, K, swiglu, MAX_TOKENS, decode_knobs[1]) if small else None
+        gemv_tiles = gemv_mn_body(G, gs, K, swiglu, TILE_TOKENS, PREFILL_KNOBS, token_tiles=True) if small else None
 
         @T.macro
         def tiled(x, wg, wu, counts, order, out, n):
@@ -74,7 +75,7 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
                 elif n <= MAX_TOKENS:
                     gemv16(x, wg, wu, counts, order, out, n)
                 else:
-                    tiled(x, wg, wu, counts, order, out, n)
+                    gemv_tiles(x, wg, wu, counts, order, out, n)
             else:
                 tiled(x, wg, wu, counts, order, out, n)
 

@@ -1,4 +1,7 @@
-"""Decode-time (<= 16 tokens) CUDA kernels on tensor cores that read only the weights of used groups.
+"""Tensor-core CUDA kernels for gated projections that read only the weights of used groups.
+
+Written for decode (<= 16 tokens, one grid row); with `token_tiles` the same kernels cover any token count
+in grid rows of TILE_TOKENS sorted tokens (prefill), a row past a group's active count being skipped.
 
 With few tokens a gated projection is memory bound: its time is the weight bytes it reads. Both kernels
 compute out^T = W x^T with `mma.sync.m16n8k16` (weights as the 16-row A operand, the tokens as the
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from tvm.script import tirx as T
 
 MAX_TOKENS = 16  # token counts up to this use the decode kernels
+TILE_TOKENS = 64  # sorted tokens per grid row of the tensor-core kernels for more tokens
 ROWS = 16  # output rows per block (the mma M)
 CHUNK = 32  # K elements per warp step (4 lanes x 8 halves)
 
@@ -43,6 +47,7 @@ class GemvKnobs:
 
 DecodeKnobs = tuple  # (knobs for <= 8 tokens, knobs for <= 16 tokens)
 DEFAULT_DECODE: DecodeKnobs = (GemvKnobs(), GemvKnobs())
+PREFILL_KNOBS = GemvKnobs(warps=4, unroll=1)  # many-token kernels: 160 registers, no spills at these
 
 
 def supports_mn(group_size: int, k_dim: int, dtype: str) -> bool:
@@ -75,13 +80,16 @@ def _mma_pair(wreg, xreg, af, bf, acc, w_off, x_off, acc_off, keep, zero):
 
 
 def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tokens: int,
-                 knobs: GemvKnobs = GemvKnobs()):
-    """Macro (x, wg, wu, counts, order, out, n) for n <= max_tokens (8 or 16), fp16, W [N, K]."""
+                 knobs: GemvKnobs = GemvKnobs(), token_tiles: bool = False):
+    """Macro (x, wg, wu, counts, order, out, n), fp16, W [N, K]: for n <= max_tokens (8 or 16), or, with
+    `token_tiles`, any n in grid rows of `max_tokens` sorted tokens (a tile past the group's count only
+    writes its zeros: block-level skipping)."""
     G, gs, K = groups, group_size, k_dim
     N = G * gs
     W, U = knobs.warps, knobs.unroll
     NW = 2 if swiglu else 1
-    NT = max_tokens // 8
+    MT = max_tokens
+    NT = MT // 8
     CH = K // CHUNK
     while CH % (U * W):  # every step loads U full chunks per warp: no bounds branches between the loads
         U, W = (U // 2, W) if U > 1 else (U, W // 2)
@@ -98,83 +106,98 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
         """K column of this lane's 16-byte vector (K is a multiple of U * W chunks: no bounds checks)."""
         return ((s * U + u) * W + wy) * CHUNK + lane % 4 * 8
 
-    def slot(counts, bx, n, j, lane):
+    def ytiles(n):
+        return (T.Cast("int32", n) + MT - 1) // MT if token_tiles else 1
+
+    def slot(counts, bx, by, n, j, lane):
         """Reorder slot of this lane's token, clamped to the last active one (its column is zeroed)."""
-        return T.min(j * 8 + lane // 4, cnt(counts, bx, n) - 1)
+        return T.min(by * MT + j * 8 + lane // 4, cnt(counts, bx, n) - 1)
+
+    def zfirst(counts, bx, by, n):
+        """Slots zfirst .. zend of this tile are tokens that skip the group: they get zeros."""
+        return T.max(cnt(counts, bx, n), by * MT)
+
+    def zend(by, n):
+        return T.min(T.Cast("int32", n), by * MT + MT)
 
     @T.macro
     def body(x, wg, wu, counts, order, out, n):
         for bx in T.thread_binding(N // ROWS, thread="blockIdx.x"):
-            red = T.decl_buffer((W * NACC * 32,), "float32", scope="shared")
-            for wy in T.thread_binding(W, thread="threadIdx.y"):
-                for lane in T.thread_binding(32, thread="threadIdx.x"):
-                    acc = T.decl_buffer((NACC,), "float32", scope="local")
-                    wreg = T.decl_buffer((U * NW * 16,), "float16", scope="local")
-                    xreg = T.decl_buffer((U * NT * 8,), "float16", scope="local")
-                    af = T.decl_buffer((8,), "float16", scope="local")
-                    bf = T.decl_buffer((4,), "float16", scope="local")
-                    keep = T.decl_buffer((NT,), "int32", scope="local")
-                    zero = T.decl_buffer((1,), "float16", scope="local")
-                    zero[0] = T.float16(0)
-                    for a in T.unroll(NACC):
-                        acc[a] = T.float32(0)
-                    for j in T.unroll(NT):
-                        keep[j] = T.Select(j * 8 + lane // 4 < cnt(counts, bx, n), 1, 0)
-                    if cnt(counts, bx, n) > 0:
-                        for s in range(steps):
-                            for u in T.unroll(U):
-                                for h in T.unroll(2):
-                                    for v in T.vectorized(8):
-                                        wreg[(u * NW * 2 + h) * 8 + v] = \
-                                            wg[bx * ROWS + lane // 4 + 8 * h, kcol(s, u, wy, lane) + v]
-                                    if swiglu:
-                                        for v in T.vectorized(8):
-                                            wreg[(u * NW * 2 + 2 + h) * 8 + v] = \
-                                                wu[bx * ROWS + lane // 4 + 8 * h, kcol(s, u, wy, lane) + v]
-                                for j in T.unroll(NT):
-                                    for v in T.vectorized(8):
-                                        xreg[(u * NT + j) * 8 + v] = \
-                                            x[order[grp(bx), slot(counts, bx, n, j, lane)], kcol(s, u, wy, lane) + v]
-                            for u in T.unroll(U):
-                                for c in T.unroll(NW):
-                                    for j in T.unroll(NT):
-                                        _mma_pair(wreg, xreg, af, bf, acc, (u * NW + c) * 16, (u * NT + j) * 8,
-                                                  (c * NT + j) * 4, keep[j], zero)
-                    for a in T.unroll(NACC):
-                        red[(wy * NACC + a) * 32 + lane] = acc[a]
-            T.tvm_storage_sync("shared")
-            for wy in T.thread_binding(W, thread="threadIdx.y"):
-                for lane in T.thread_binding(32, thread="threadIdx.x"):
-                    tot = T.decl_buffer((2,), "float32", scope="local")
-                    if wy == 0:
+            for by in T.thread_binding(ytiles(n), thread="blockIdx.y"):
+                red = T.decl_buffer((W * NACC * 32,), "float32", scope="shared")
+                for wy in T.thread_binding(W, thread="threadIdx.y"):
+                    for lane in T.thread_binding(32, thread="threadIdx.x"):
+                        acc = T.decl_buffer((NACC,), "float32", scope="local")
+                        wreg = T.decl_buffer((U * NW * 16,), "float16", scope="local")
+                        xreg = T.decl_buffer((U * NT * 8,), "float16", scope="local")
+                        af = T.decl_buffer((8,), "float16", scope="local")
+                        bf = T.decl_buffer((4,), "float16", scope="local")
+                        keep = T.decl_buffer((NT,), "int32", scope="local")
+                        zero = T.decl_buffer((1,), "float16", scope="local")
+                        zero[0] = T.float16(0)
+                        for a in T.unroll(NACC):
+                            acc[a] = T.float32(0)
                         for j in T.unroll(NT):
-                            for e in T.unroll(4):
-                                if j * 8 + lane % 4 * 2 + e % 2 < cnt(counts, bx, n):
+                            keep[j] = T.Select(by * MT + j * 8 + lane // 4 < cnt(counts, bx, n), 1, 0)
+                        if cnt(counts, bx, n) > by * MT:
+                            for s in range(steps):
+                                for u in T.unroll(U):
+                                    for h in T.unroll(2):
+                                        for v in T.vectorized(8):
+                                            wreg[(u * NW * 2 + h) * 8 + v] = \
+                                                wg[bx * ROWS + lane // 4 + 8 * h, kcol(s, u, wy, lane) + v]
+                                        if swiglu:
+                                            for v in T.vectorized(8):
+                                                wreg[(u * NW * 2 + 2 + h) * 8 + v] = \
+                                                    wu[bx * ROWS + lane // 4 + 8 * h, kcol(s, u, wy, lane) + v]
+                                    for j in T.unroll(NT):
+                                        for v in T.vectorized(8):
+                                            xreg[(u * NT + j) * 8 + v] = x[order[grp(bx), slot(
+                                                counts, bx, by, n, j, lane)], kcol(s, u, wy, lane) + v]
+                                for u in T.unroll(U):
                                     for c in T.unroll(NW):
-                                        tot[c] = T.float32(0)
-                                        for w in T.unroll(W):
-                                            tot[c] = tot[c] + red[(w * NACC + (c * NT + j) * 4 + e) * 32 + lane]
-                                    if swiglu:
-                                        out[order[grp(bx), j * 8 + lane % 4 * 2 + e % 2],
-                                            bx * ROWS + lane // 4 + 8 * (e // 2)] = \
-                                            T.Cast("float16", tot[0] * T.sigmoid(tot[0]) * tot[1])
-                                    else:
-                                        out[order[grp(bx), j * 8 + lane % 4 * 2 + e % 2],
-                                            bx * ROWS + lane // 4 + 8 * (e // 2)] = T.Cast("float16", tot[0])
-                    # tokens that skip this group: zeros (every thread takes some of the (token, row) pairs)
-                    for i in range(((T.Cast("int32", n) - cnt(counts, bx, n)) * ROWS + 32 * W - 1) // (32 * W)):
-                        if (i * 32 * W + wy * 32 + lane) < (T.Cast("int32", n) - cnt(counts, bx, n)) * ROWS:
-                            out[order[grp(bx), cnt(counts, bx, n) + (i * 32 * W + wy * 32 + lane) // ROWS],
-                                bx * ROWS + (i * 32 * W + wy * 32 + lane) % ROWS] = T.float16(0)
+                                        for j in T.unroll(NT):
+                                            _mma_pair(wreg, xreg, af, bf, acc, (u * NW + c) * 16, (u * NT + j) * 8,
+                                                      (c * NT + j) * 4, keep[j], zero)
+                        for a in T.unroll(NACC):
+                            red[(wy * NACC + a) * 32 + lane] = acc[a]
+                T.tvm_storage_sync("shared")
+                for wy in T.thread_binding(W, thread="threadIdx.y"):
+                    for lane in T.thread_binding(32, thread="threadIdx.x"):
+                        tot = T.decl_buffer((2,), "float32", scope="local")
+                        if wy == 0:
+                            for j in T.unroll(NT):
+                                for e in T.unroll(4):
+                                    if by * MT + j * 8 + lane % 4 * 2 + e % 2 < cnt(counts, bx, n):
+                                        for c in T.unroll(NW):
+                                            tot[c] = T.float32(0)
+                                            for w in T.unroll(W):
+                                                tot[c] = tot[c] + red[(w * NACC + (c * NT + j) * 4 + e) * 32 + lane]
+                                        if swiglu:
+                                            out[order[grp(bx), by * MT + j * 8 + lane % 4 * 2 + e % 2],
+                                                bx * ROWS + lane // 4 + 8 * (e // 2)] = \
+                                                T.Cast("float16", tot[0] * T.sigmoid(tot[0]) * tot[1])
+                                        else:
+                                            out[order[grp(bx), by * MT + j * 8 + lane % 4 * 2 + e % 2],
+                                                bx * ROWS + lane // 4 + 8 * (e // 2)] = T.Cast("float16", tot[0])
+                        # this tile's tokens that skip the group: zeros (all threads share the (token, row) pairs)
+                        for i in range((T.max(zend(by, n) - zfirst(counts, bx, by, n), 0) * ROWS + 32 * W - 1)
+                                       // (32 * W)):
+                            if i * 32 * W + wy * 32 + lane < (zend(by, n) - zfirst(counts, bx, by, n)) * ROWS:
+                                out[order[grp(bx), zfirst(counts, bx, by, n) + (i * 32 * W + wy * 32 + lane) // ROWS],
+                                    bx * ROWS + (i * 32 * W + wy * 32 + lane) % ROWS] = T.float16(0)
 
     return body
 
 
-def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs: GemvKnobs = GemvKnobs()):
-    """Macro (a, w, mask, used, out, n) for n <= max_tokens (8 or 16), fp16, W [N, K=G*gs]."""
+def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs: GemvKnobs = GemvKnobs(),
+                token_tiles: bool = False):
+    """Macro (a, w, mask, used, out, n), fp16, W [N, K=G*gs]: for n <= max_tokens (8 or 16), or, with
+    `token_tiles`, any n in grid rows of `max_tokens` tokens."""
     G, gs, N = groups, group_size, n_dim
     W, U = knobs.warps, knobs.unroll
-    NT = max_tokens // 8
+    MT = max_tokens
+    NT = MT // 8
     LPG = gs // CHUNK  # chunks per group slice
     NACC = NT * 4
 
@@ -185,61 +208,65 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
         """K column of this lane's vector in group g; chunks past the used ones repeat the last (zeroed)."""
         return g * gs + T.min(chunk(s, u, wy), nch - 1) % LPG * CHUNK + lane % 4 * 8
 
-    def tok(j, lane, n):
-        return T.min(j * 8 + lane // 4, T.Cast("int32", n) - 1)
+    def ytiles(n):
+        return (T.Cast("int32", n) + MT - 1) // MT if token_tiles else 1
+
+    def tok(by, j, lane, n):
+        return T.min(by * MT + j * 8 + lane // 4, T.Cast("int32", n) - 1)
 
     @T.macro
     def body(a, w, mask, used, out, n):
         for bx in T.thread_binding(N // ROWS, thread="blockIdx.x"):
-            red = T.decl_buffer((W * NACC * 32,), "float32", scope="shared")
-            for wy in T.thread_binding(W, thread="threadIdx.y"):
-                for lane in T.thread_binding(32, thread="threadIdx.x"):
-                    acc = T.decl_buffer((NACC,), "float32", scope="local")
-                    wreg = T.decl_buffer((U * 16,), "float16", scope="local")
-                    xreg = T.decl_buffer((U * NT * 8,), "float16", scope="local")
-                    af = T.decl_buffer((8,), "float16", scope="local")
-                    bf = T.decl_buffer((4,), "float16", scope="local")
-                    greg = T.decl_buffer((U,), "int32", scope="local")
-                    keep = T.decl_buffer((U * NT,), "int32", scope="local")
-                    zero = T.decl_buffer((1,), "float16", scope="local")
-                    zero[0] = T.float16(0)
-                    nch = T.decl_buffer((1,), "int32", scope="local")
-                    nch[0] = used[G] * LPG
-                    for i in T.unroll(NACC):
-                        acc[i] = T.float32(0)
-                    if nch[0] > 0:
-                        for s in range((nch[0] + U * W - 1) // (U * W)):
-                            for u in T.unroll(U):
-                                greg[u] = used[T.min(chunk(s, u, wy), nch[0] - 1) // LPG]
-                                for h in T.unroll(2):
-                                    for v in T.vectorized(8):
-                                        wreg[(u * 2 + h) * 8 + v] = \
-                                            w[bx * ROWS + lane // 4 + 8 * h, kcol(greg[u], s, u, wy, lane, nch[0]) + v]
-                                for j in T.unroll(NT):
-                                    for v in T.vectorized(8):
-                                        xreg[(u * NT + j) * 8 + v] = \
-                                            a[tok(j, lane, n), kcol(greg[u], s, u, wy, lane, nch[0]) + v]
-                                    keep[u * NT + j] = T.Select(
-                                        chunk(s, u, wy) < nch[0] and j * 8 + lane // 4 < T.Cast("int32", n)
-                                        and mask[tok(j, lane, n), greg[u]] != 0, 1, 0)
-                            for u in T.unroll(U):
-                                for j in T.unroll(NT):
-                                    _mma_pair(wreg, xreg, af, bf, acc, u * 16, (u * NT + j) * 8, j * 4,
-                                              keep[u * NT + j], zero)
-                    for i in T.unroll(NACC):
-                        red[(wy * NACC + i) * 32 + lane] = acc[i]
-            T.tvm_storage_sync("shared")
-            for wy in T.thread_binding(W, thread="threadIdx.y"):
-                for lane in T.thread_binding(32, thread="threadIdx.x"):
-                    tot = T.decl_buffer((1,), "float32", scope="local")
-                    if wy == 0:
-                        for j in T.unroll(NT):
-                            for e in T.unroll(4):
-                                if j * 8 + lane % 4 * 2 + e % 2 < T.Cast("int32", n):
-                                    tot[0] = T.float32(0)
-                                    for ww in T.unroll(W):
-                                        tot[0] = tot[0] + red[(ww * NACC + j * 4 + e) * 32 + lane]
-                                    out[j * 8 + lane % 4 * 2 + e % 2, bx * ROWS + lane // 4 + 8 * (e // 2)] = \
-                                        T.Cast("float16", tot[0])
+            for by in T.thread_binding(ytiles(n), thread="blockIdx.y"):
+                red = T.decl_buffer((W * NACC * 32,), "float32", scope="shared")
+                for wy in T.thread_binding(W, thread="threadIdx.y"):
+                    for lane in T.thread_binding(32, thread="threadIdx.x"):
+                        acc = T.decl_buffer((NACC,), "float32", scope="local")
+                        wreg = T.decl_buffer((U * 16,), "float16", scope="local")
+                        xreg = T.decl_buffer((U * NT * 8,), "float16", scope="local")
+                        af = T.decl_buffer((8,), "float16", scope="local")
+                        bf = T.decl_buffer((4,), "float16", scope="local")
+                        greg = T.decl_buffer((U,), "int32", scope="local")
+                        keep = T.decl_buffer((U * NT,), "int32", scope="local")
+                        zero = T.decl_buffer((1,), "float16", scope="local")
+                        zero[0] = T.float16(0)
+                        nch = T.decl_buffer((1,), "int32", scope="local")
+                        nch[0] = used[G] * LPG
+                        for i in T.unroll(NACC):
+                            acc[i] = T.float32(0)
+                        if nch[0] > 0:
+                            for s in range((nch[0] + U * W - 1) // (U * W)):
+                                for u in T.unroll(U):
+                                    greg[u] = used[T.min(chunk(s, u, wy), nch[0] - 1) // LPG]
+                                    for h in T.unroll(2):
+                                        for v in T.vectorized(8):
+                                            wreg[(u * 2 + h) * 8 + v] = w[bx * ROWS + lane // 4 + 8 * h,
+                                                                          kcol(greg[u], s, u, wy, lane, nch[0]) + v]
+                                    for j in T.unroll(NT):
+                                        for v in T.vectorized(8):
+                                            xreg[(u * NT + j) * 8 + v] = \
+                                                a[tok(by, j, lane, n), kcol(greg[u], s, u, wy, lane, nch[0]) + v]
+                                        keep[u * NT + j] = T.Select(
+                                            chunk(s, u, wy) < nch[0] and by * MT + j * 8 + lane // 4 < T.Cast("int32", n)
+                                            and mask[tok(by, j, lane, n), greg[u]] != 0, 1, 0)
+                                for u in T.unroll(U):
+                                    for j in T.unroll(NT):
+                                        _mma_pair(wreg, xreg, af, bf, acc, u * 16, (u * NT + j) * 8, j * 4,
+                                                  keep[u * NT + j], zero)
+                        for i in T.unroll(NACC):
+                            red[(wy * NACC + i) * 32 + lane] = acc[i]
+                T.tvm_storage_sync("shared")
+                for wy in T.thread_binding(W, thread="threadIdx.y"):
+                    for lane in T.thread_binding(32, thread="threadIdx.x"):
+                        tot = T.decl_buffer((1,), "float32", scope="local")
+                        if wy == 0:
+                            for j in T.unroll(NT):
+                                for e in T.unroll(4):
+                                    if by * MT + j * 8 + lane % 4 * 2 + e % 2 < T.Cast("int32", n):
+                                        tot[0] = T.float32(0)
+                                        for ww in T.unroll(W):
+                                            tot[0] = tot[0] + red[(ww * NACC + j * 4 + e) * 32 + lane]
+                                        out[by * MT + j * 8 + lane % 4 * 2 + e % 2,
+                                            bx * ROWS + lane // 4 + 8 * (e // 2)] = T.Cast("float16", tot[0])
 
     return body

@@ -41,15 +41,15 @@ def test_model_builds_for_cuda(exported, tmp_path):
 
 
 def test_decode_kernels_use_tensor_cores_and_dispatch_on_tokens():
-    """fp16 [N, K] weights get three launches per gated GEMM: mma decode kernels for <= 8 and <= 16
-    tokens, the tiled kernel beyond; the decode ones read 16-byte vectors and never branch per element."""
+    """fp16 [N, K] weights get three tensor-core kernels per gated GEMM, picked per call on the host: <= 8
+    tokens, <= 16 tokens, and tiles of 64 sorted tokens; they load 16-byte vectors into registers."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     for name, func in {"mn": gemm_mn(8, 64, 256, "float16", "nk", True, "cuda"),
                        "k": gemm_k(8, 64, 256, "float16", "nk", "cuda")}.items():
         with target:
             lib = tvm.compile(tvm.IRModule({name: func.with_attr("global_symbol", name)}), target)
         src = lib.mod.imports[0].inspect_source()
-        assert src.count("__global__ void") == 2 * 3, name  # declaration + definition of 3 kernels
+        assert src.count("__global__ void") == 2 * 3, name  # declaration + definition: <=8, <=16, token tiles
         assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src, name
         assert "*(uint4*)(wreg_ptr" in src, name  # vectorised weight loads into registers
         assert "__syncthreads()" in src, name  # fixed-order split-K reduction through shared memory
@@ -82,3 +82,13 @@ def test_bench_build_for_cuda(tmp_path):
     _assert_device_code(tmp_path / "tvm_dense.so")
     spec = json.loads((tmp_path / "bench.json").read_text())
     assert [w["name"] for w in spec["workloads"]] == ["mn", "k"] and spec["sweep"]
+
+
+def test_mask_reorder_has_serial_and_parallel_paths():
+    """Few tokens: one launch; many tokens: a block per group with a block scan, then the used list."""
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    with target:
+        lib = tvm.compile(tvm.IRModule({"r": mask_reorder(112, "cuda").with_attr("global_symbol", "r")}), target)
+    src = lib.mod.imports[0].inspect_source()
+    assert src.count("__global__ void") == 2 * 3
+    assert "__syncthreads()" in src

@@ -21,7 +21,7 @@ from wide_tvm.kernel_reference import MASK_KINDS, make_mask, ref_mask_reorder, r
 from wide_tvm.model import WideConfig, WideForCausalLM, build_example, example_inputs
 from wide_tvm.runtime import _ensure_cuda_runtime
 
-TOKENS = (1, 5, 8, 9, 16, 33, 100)
+TOKENS = (1, 5, 8, 9, 16, 17, 33, 100, 700)
 
 
 def check_example(build_dir: str, rows: list, name: str = "example") -> None:
@@ -92,7 +92,7 @@ def check_kernels(build_dir: str, rows: list) -> None:
             n = g * gs
             wshape = (n, dim) if layout == "nk" else (dim, n)
             wg, wu = (randn(*wshape, dtype=dtype, scale=1 / np.sqrt(dim)) for _ in range(2))
-        for t in TOKENS if not big else (1, 4, 8, 9, 16, 33):
+        for t in TOKENS if not big else (1, 4, 8, 9, 16, 17, 33, 130):
             for kind in MASK_KINDS:
                 mask_np = make_mask(kind, t, g, rng)
                 mask = torch.from_numpy(mask_np).cuda()

@@ -40,6 +40,8 @@ class _State:
     var2val: dict
     builder: relax.BlockBuilder
     knobs: dict = field(default_factory=dict)  # kernel key -> tuned knobs (wide_tvm.kernel_knobs)
+    params: tuple = ()  # the function's parameters (weights among them)
+    folded: dict = field(default_factory=dict)  # weight param -> its [K, N] replacement (CPU gemm_k)
     kernels: dict = field(default_factory=dict)  # name -> GlobalVar, shared by the module's functions
     layers: list = field(default_factory=list)
 
@@ -135,12 +137,26 @@ def _reorder_call(state: _State, info: MaskInfo, tokens):
     return name, call
 
 
+def _fold_to_kn(state: _State, weight):
+    """On the CPU, a [N, K] weight parameter of gemm_k becomes a [K, N] parameter (the compiler transposes
+    the stored array once): a group's K-slice is then one contiguous block instead of a strided column."""
+    if state.target_kind != "llvm" or not any(weight.same_as(p) for p in state.params):
+        return None
+    if weight not in state.folded:
+        rows, cols = (int(d) for d in weight.ty.shape.values)
+        state.folded[weight] = relax.Var(weight.name, relax.TensorType([cols, rows], weight.ty.dtype))
+    return state.folded[weight]
+
+
 def _gemm_k_call(state: _State, a2, tokens, dtype: str, weight_expr, info: MaskInfo, used, out_expr):
     """(a2 [tokens, K] * mask) @ W through gemm_k, reshaped like `out_expr`; (None, None) if W does not fit."""
     weight, layout = _weight(weight_expr, state.var2val)
     n_dim, k_dim = _weight_dims(weight, layout)
     if k_dim != info.groups * info.group_size or str(weight.ty.dtype) != dtype:
         return None, None
+    folded = _fold_to_kn(state, weight) if layout == "nk" else None
+    if folded is not None:
+        weight, layout = folded, "kn"
     name = f"wide_gemm_k_g{info.groups}x{info.group_size}_n{n_dim}_{dtype}_{layout}"
     extra = _tuned(state, "gemm_k", info.groups, info.group_size, n_dim, dtype)
     gv = state.kernel(name, lambda: gemm_k(info.groups, info.group_size, n_dim, dtype, layout, state.target_kind,
@@ -217,6 +233,18 @@ def _rewrite_projection(state: _State, pat):
     return callback
 
 
+def _replace_params(func: relax.Function, folded: dict) -> relax.Function:
+    """`func` with each folded parameter swapped for its [K, N] replacement; any other use of the old
+    parameter reads it back through a transpose."""
+    params = [folded.get(p, p) for p in func.params]
+    body = func.body
+    still_used = [p for p in folded if any(p.same_as(v) for v in relax.analysis.free_vars(body))]
+    if still_used:
+        back = relax.BindingBlock([relax.VarBinding(p, relax.op.permute_dims(folded[p])) for p in still_used])
+        body = relax.SeqExpr([back, *body.blocks], body.body)
+    return relax.Function(params, body, func.ret_ty if hasattr(func, "ret_ty") else None, func.is_pure, func.attrs)
+
+
 @tvm.transform.module_pass(opt_level=0, name="LowerGatedLayers")
 class LowerGatedLayers:
     """Find router-gated layers with dpl patterns and lower them; `self.layers` reports what was lowered."""
@@ -225,6 +253,7 @@ class LowerGatedLayers:
         self.target_kind = target_kind
         self.enabled = enabled
         self.knobs = knobs or {}
+        self.transposed: set[str] = set()  # weight parameters now expected as [K, N] (the compiler transposes them)
         self.layers: list[GatedLayer] = []
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -235,12 +264,16 @@ class LowerGatedLayers:
         for gv, func in list(mod.functions.items()):
             if not isinstance(func, relax.Function):
                 continue
-            state = _State(self.target_kind, relax.analysis.get_var2val(func), builder, self.knobs, kernels)
+            state = _State(self.target_kind, relax.analysis.get_var2val(func), builder, self.knobs,
+                           tuple(func.params), kernels=kernels)
             ffn = gated_swiglu_ffn()
             func = rewrite_call(ffn.root, _rewrite_ffn(state, ffn), func)
             state.var2val = relax.analysis.get_var2val(func)
             proj = gated_projection()
             func = rewrite_call(proj.root, _rewrite_projection(state, proj), func)
+            if state.folded:
+                func = _replace_params(func, state.folded)
+                self.transposed.update(p.name for p in state.folded)
             builder.update_func(gv, func)
             self.layers.extend(state.layers)
         return builder.get()

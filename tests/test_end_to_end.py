@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -100,3 +101,23 @@ def test_runtime_only_load(exported, tmp_path):
     with torch.no_grad():
         ref = model(x).numpy()
     assert np.abs(np.load(tmp_path / "y.npy") - ref).max() / np.abs(ref).max() < 1e-5
+
+
+def test_cpu_down_weights_are_stored_transposed(exported, tmp_path):
+    """On the CPU gemm_k reads [K, N] weights (a group's slice is contiguous): the compiler transposes the
+    stored array once; CUDA keeps [N, K] rows for its tensor-core kernels. Results are unchanged."""
+    path, model, cfg = exported("default", "pt2")
+    cpu = wide_tvm.compile(path, "llvm")
+    downs = [layer for layer in cpu.layers if layer.kind == "ffn"]
+    assert all(layer.kernels[-1].endswith("_kn") for layer in downs)
+    name = downs[0].weights[-1]
+    stored = dict(zip(cpu.model.weight_names, cpu.model.weights))[name]
+    assert stored.shape == (cfg.intermediate_size, cfg.hidden_size)  # [K, N]
+    if shutil.which("nvcc"):
+        gpu = wide_tvm.compile(path, "cuda")
+        assert all(layer.kernels[-1].endswith("_nk") for layer in gpu.layers if layer.kind == "ffn")
+    runner = wide_tvm.load(cpu.export(str(tmp_path / "m.so")))
+    x = example_inputs(cfg, 11, seed=4)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    assert np.abs(runner(x.numpy()) - ref).max() / np.abs(ref).max() < 1e-5

@@ -65,6 +65,9 @@ def main(out_dir: str) -> None:
     export_model(build_example(cfg), example_inputs(cfg), model_path)
     wide_compile(model_path, "cuda").export(os.path.join(out_dir, "example.so"))
     wide_compile(model_path, "cuda", dense=True).export(os.path.join(out_dir, "example_dense.so"))
+    fp16_path = os.path.join(out_dir, "example_fp16.onnx")  # fp16: tensor-core kernels inside a whole model
+    export_model(build_example(cfg).half(), example_inputs(cfg), fp16_path)
+    wide_compile(fp16_path, "cuda").export(os.path.join(out_dir, "example_fp16.so"))
     ckpt_dir = write_tiny_checkpoint(os.path.join(out_dir, "hf_llama"), "llama")
     ckpt = load_wide_checkpoint(ckpt_dir, os.path.join(ckpt_dir, "router.pth"), os.path.join(ckpt_dir, "lora.pth"),
                                 lora_alpha=LORA_ALPHA)

@@ -36,12 +36,15 @@ def check_example(build_dir: str, rows: list, name: str = "example") -> None:
         with open(os.path.join(build_dir, "kernels.json")) as f:
             cfg = WideConfig(**json.load(f)["config"])
         ref_model = build_example(cfg).cuda()
+        if name == "example_fp16":  # PyTorch in fp16 on the GPU as the reference
+            ref_model = ref_model.half()
+    dtype = "fp16" if name == "example_fp16" else "fp32"
     for t in TOKENS:
         x = example_inputs(cfg, t)
         with torch.no_grad():
             ref = ref_model(x.cuda()).double().cpu().numpy()
         out1, out2 = model(x.numpy()), model(x.numpy())
-        rows.append({"what": f"{name} (tiny WIDE LM, fp32)", "tokens": t, "mask": "router",
+        rows.append({"what": f"{name} (tiny WIDE LM, {dtype})", "tokens": t, "mask": "router",
                      "rel_err": rel_err(out1, ref), "deterministic": bool(np.array_equal(out1, out2))})
 
 
@@ -139,6 +142,7 @@ def main() -> None:
     check_example(args.build_dir, rows)
     check_example(args.build_dir, rows, "example_dense")
     check_example(args.build_dir, rows, "hf_llama")
+    check_example(args.build_dir, rows, "example_fp16")
     check_kernels(args.build_dir, rows)
     worst: dict = {}
     for r in rows:

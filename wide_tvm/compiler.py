@@ -104,6 +104,11 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
         lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
         raise WideError(f"{imported.source}: compiling for {tgt.kind.name} failed: "
                         f"{lines[-1] if lines else type(err).__name__}") from None
+    if lower.transposed:  # weights the pass now reads as [K, N]: transpose the stored arrays once, here
+        import numpy as np
+
+        imported.weights = [np.ascontiguousarray(w.T) if name in lower.transposed else w
+                            for w, name in zip(imported.weights, imported.weight_names)]
     if not lower.layers and not dense:
         warnings.warn(f"{imported.source}: no router-gated layers found; compiled dense", NoGatedLayersWarning,
                       stacklevel=2)

@@ -21,7 +21,7 @@ from . import kernel_knobs
 from .errors import WideError
 
 CPU_BM = (1, 4, 8)
-CPU_BN = (8, 16, 32, 64)
+CPU_BN = (8, 32, 64, 256)
 CPU_TOKENS = (1, 16, 64)  # buckets timed on the CPU; the knobs win on their summed time
 
 
@@ -155,8 +155,13 @@ def bench_kernels() -> list[KernelSpec]:
     """The CPU benchmark's Llama-3.1-8B FFN kernels (wide-bench cpu), for tuning without a model file."""
     from .bench.cpu import CPU_WORKLOADS
 
-    return [KernelSpec("gemm_mn_swiglu" if w.swiglu else w.kind, w.groups, w.group_size, w.dim, w.dtype, "nk")
-            for w in CPU_WORKLOADS]
+    return [KernelSpec("gemm_mn_swiglu" if w.swiglu else w.kind, w.groups, w.group_size, w.dim, w.dtype,
+                       cpu_layout(w.kind)) for w in CPU_WORKLOADS]
+
+
+def cpu_layout(kind: str) -> str:
+    """Weight layout wide-compile gives a CPU kernel: gemm_k weights are folded to [K, N] (contiguous groups)."""
+    return "kn" if kind == "gemm_k" else "nk"
 
 
 def tune(model: str | None, target: str, out: str, force: bool = False, sweep: str | None = None,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernel_reference import make_mask, ref_mask_reorder
-from ..tune import KernelSpec, _build_cpu, time_call
+from ..tune import KernelSpec, _build_cpu, cpu_layout, time_call
 from .workloads import Workload
 
-CPU_WORKLOADS = [  # Llama-3.1-8B FFN shapes in fp32 (x86 has no fast fp16 arithmetic)
+CPU_WORKLOADS = [  # Llama-3.1-8B FFN shapes in fp32 (x86 has no fast fp16 arithmetic); gemm_k weights [K, N]
     Workload("gate_up_g128", "gemm_mn", 112, 128, 4096, swiglu=True, dtype="float32"),
     Workload("down_g128", "gemm_k", 112, 128, 4096, dtype="float32"),
 ]
@@ -35,7 +35,7 @@ def run_cpu(tokens=(1, 16, 64), sparsity: float = 0.5, knobs: dict | None = None
     rows = []
     for w in CPU_WORKLOADS:
         kind = "gemm_mn_swiglu" if w.swiglu else w.kind
-        spec = KernelSpec(kind, w.groups, w.group_size, w.dim, w.dtype, "nk")
+        spec = KernelSpec(kind, w.groups, w.group_size, w.dim, w.dtype, cpu_layout(w.kind))
         entry = (knobs or {}).get(kernel_key(kind, w.groups, w.group_size, w.dim, w.dtype), {})
         tile = TileConfig(**entry["cpu"]) if "cpu" in entry else None
         fn = _build_cpu(spec, tile)
@@ -44,6 +44,8 @@ def run_cpu(tokens=(1, 16, 64), sparsity: float = 0.5, knobs: dict | None = None
         wtvm = tvm.runtime.tensor(wcat)
         parts = [tvm.runtime.tensor(np.ascontiguousarray(wcat[:w.n])),
                  tvm.runtime.tensor(np.ascontiguousarray(wcat[w.n:] if w.swiglu else wcat))]
+        if spec.layout == "kn":  # as wide-compile stores it for the CPU
+            parts = [tvm.runtime.tensor(np.ascontiguousarray(wcat.T))] * 2
         for m in tokens:
             x = rng.standard_normal((m, w.k)).astype(w.dtype)
             xt, xtvm = torch.from_numpy(x), tvm.runtime.tensor(x)

@@ -44,6 +44,15 @@ def mask_reorder(groups: int, target_kind: str) -> tirx.PrimFunc:
         threads = 1 << max(5, (G - 1).bit_length())
         log_t = threads.bit_length() - 1
 
+        @T.macro
+        def block_scan(scan, reg, tx, steps):
+            """Inclusive Hillis-Steele scan of scan[0 .. 2**steps) by as many threads; reg[1] is scratch."""
+            for s in T.unroll(steps):
+                reg[1] = T.Select(tx >= (1 << s), scan[T.max(tx - (1 << s), 0)], 0)
+                T.tvm_storage_sync("shared")
+                scan[tx] = scan[tx] + reg[1]
+                T.tvm_storage_sync("shared")
+
         PT = 256  # threads of one group's block in the parallel partition
         LOG_PT = 8
 
@@ -62,11 +71,7 @@ def mask_reorder(groups: int, target_kind: str) -> tirx.PrimFunc:
                         reg[0] = T.Select(counts[tx] > 0, 1, 0)
                     scan[tx] = reg[0]
                     T.tvm_storage_sync("shared")
-                    for s in T.unroll(log_t):  # inclusive Hillis-Steele scan of the used flags
-                        reg[1] = T.Select(tx >= (1 << s), scan[T.max(tx - (1 << s), 0)], 0)
-                        T.tvm_storage_sync("shared")
-                        scan[tx] = scan[tx] + reg[1]
-                        T.tvm_storage_sync("shared")
+                    block_scan(scan, reg, tx, log_t)  # of the used flags
                     if reg[0] != 0:
                         used[scan[tx] - 1] = tx
                     if tx == threads - 1:
@@ -86,11 +91,7 @@ def mask_reorder(groups: int, target_kind: str) -> tirx.PrimFunc:
                             reg[0] = reg[0] + T.Select(mask[c * PT + tx, bx] != 0, 1, 0)
                     scan[tx] = reg[0]
                     T.tvm_storage_sync("shared")
-                    for s in T.unroll(LOG_PT):
-                        reg[1] = T.Select(tx >= (1 << s), scan[T.max(tx - (1 << s), 0)], 0)
-                        T.tvm_storage_sync("shared")
-                        scan[tx] = scan[tx] + reg[1]
-                        T.tvm_storage_sync("shared")
+                    block_scan(scan, reg, tx, LOG_PT)
                     reg[3] = scan[PT - 1]
                     reg[2] = 0
                     T.tvm_storage_sync("shared")
@@ -99,11 +100,7 @@ def mask_reorder(groups: int, target_kind: str) -> tirx.PrimFunc:
                             mask[T.min(c * PT + tx, T.Cast("int32", n) - 1), bx] != 0, 1, 0), 0)
                         scan[tx] = reg[0]
                         T.tvm_storage_sync("shared")
-                        for s in T.unroll(LOG_PT):
-                            reg[1] = T.Select(tx >= (1 << s), scan[T.max(tx - (1 << s), 0)], 0)
-                            T.tvm_storage_sync("shared")
-                            scan[tx] = scan[tx] + reg[1]
-                            T.tvm_storage_sync("shared")
+                        block_scan(scan, reg, tx, LOG_PT)
                         if c * PT + tx < T.Cast("int32", n):
                             if reg[0] != 0:  # active: after the active tokens of earlier chunks and lanes
                                 order[bx, reg[2] + scan[tx] - 1] = c * PT + tx

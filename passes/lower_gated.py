@@ -242,7 +242,7 @@ def _replace_params(func: relax.Function, folded: dict) -> relax.Function:
     if still_used:
         back = relax.BindingBlock([relax.VarBinding(p, relax.op.permute_dims(folded[p])) for p in still_used])
         body = relax.SeqExpr([back, *body.blocks], body.body)
-    return relax.Function(params, body, func.ret_ty if hasattr(func, "ret_ty") else None, func.is_pure, func.attrs)
+    return relax.Function(params, body, func.ret_ty, func.is_pure, func.attrs)
 
 
 @tvm.transform.module_pass(opt_level=0, name="LowerGatedLayers")

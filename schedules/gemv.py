@@ -79,6 +79,21 @@ def _mma_pair(wreg, xreg, af, bf, acc, w_off, x_off, acc_off, keep, zero):
                          acc.data, acc_off, False)
 
 
+@T.macro
+def _share_partials(red, acc, nacc, wy, lane):
+    """Each warp's partial tile into shared memory, for the fixed-order split-K sum."""
+    for a in T.unroll(nacc):
+        red[(wy * nacc + a) * 32 + lane] = acc[a]
+
+
+@T.macro
+def _sum_over_warps(red, tot, t_idx, slot, warps, nacc, lane):
+    """tot[t_idx] = sum of the warps' partial accumulator `slot`, in warp order (deterministic)."""
+    tot[t_idx] = T.float32(0)
+    for w in T.unroll(warps):
+        tot[t_idx] = tot[t_idx] + red[(w * nacc + slot) * 32 + lane]
+
+
 def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tokens: int,
                  knobs: GemvKnobs = GemvKnobs(), token_tiles: bool = False):
     """Macro (x, wg, wu, counts, order, out, n), fp16, W [N, K]: for n <= max_tokens (8 or 16), or, with
@@ -159,8 +174,7 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
                                         for j in T.unroll(NT):
                                             _mma_pair(wreg, xreg, af, bf, acc, (u * NW + c) * 16, (u * NT + j) * 8,
                                                       (c * NT + j) * 4, keep[j], zero)
-                        for a in T.unroll(NACC):
-                            red[(wy * NACC + a) * 32 + lane] = acc[a]
+                        _share_partials(red, acc, NACC, wy, lane)
                 T.tvm_storage_sync("shared")
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
@@ -170,9 +184,7 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
                                 for e in T.unroll(4):
                                     if by * MT + j * 8 + lane % 4 * 2 + e % 2 < cnt(counts, bx, n):
                                         for c in T.unroll(NW):
-                                            tot[c] = T.float32(0)
-                                            for w in T.unroll(W):
-                                                tot[c] = tot[c] + red[(w * NACC + (c * NT + j) * 4 + e) * 32 + lane]
+                                            _sum_over_warps(red, tot, c, (c * NT + j) * 4 + e, W, NACC, lane)
                                         if swiglu:
                                             out[order[grp(bx), by * MT + j * 8 + lane % 4 * 2 + e % 2],
                                                 bx * ROWS + lane // 4 + 8 * (e // 2)] = \
@@ -253,8 +265,7 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                                     for j in T.unroll(NT):
                                         _mma_pair(wreg, xreg, af, bf, acc, u * 16, (u * NT + j) * 8, j * 4,
                                                   keep[u * NT + j], zero)
-                        for i in T.unroll(NACC):
-                            red[(wy * NACC + i) * 32 + lane] = acc[i]
+                        _share_partials(red, acc, NACC, wy, lane)
                 T.tvm_storage_sync("shared")
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
@@ -263,9 +274,7 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                             for j in T.unroll(NT):
                                 for e in T.unroll(4):
                                     if by * MT + j * 8 + lane % 4 * 2 + e % 2 < T.Cast("int32", n):
-                                        tot[0] = T.float32(0)
-                                        for ww in T.unroll(W):
-                                            tot[0] = tot[0] + red[(ww * NACC + j * 4 + e) * 32 + lane]
+                                        _sum_over_warps(red, tot, 0, j * 4 + e, W, NACC, lane)
                                         out[by * MT + j * 8 + lane % 4 * 2 + e % 2,
                                             bx * ROWS + lane // 4 + 8 * (e // 2)] = T.Cast("float16", tot[0])
 

@@ -163,8 +163,10 @@ def bench_main(argv=None) -> int:
             from .bench.cpu import run_cpu
             from .compiler import REPO_TUNING_LOGS
             from .kernel_knobs import load as load_knobs
+            from .targets import parse_target, target_folder
 
-            result = run_cpu(tuple(args.tokens), knobs=load_knobs(str(REPO_TUNING_LOGS / "llvm")))
+            tuned = REPO_TUNING_LOGS / target_folder(parse_target("llvm"))
+            result = run_cpu(tuple(args.tokens), knobs=load_knobs(str(tuned)))
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
             print(f"wrote {args.json}")

@@ -53,10 +53,15 @@ class KernelSpec:
 
 def model_kernels(model: str, target: str) -> list[KernelSpec]:
     """The gated kernels wide-compile would build for `model` on `target`."""
-    from .compiler import compile as wide_compile
+    from .frontends.loader import import_model
+    from .passes import LowerGatedLayers
+    from .targets import parse_target
 
-    compiled = wide_compile(model, target)
-    specs = {KernelSpec.from_name(k) for layer in compiled.layers for k in layer.kernels}
+    tgt = parse_target(target)
+    lower = LowerGatedLayers(tgt.kind.name)  # the lowering alone names the kernels: no need to build them
+    with tgt:
+        lower(import_model(model).mod)
+    specs = {KernelSpec.from_name(k) for layer in lower.layers for k in layer.kernels}
     return sorted((s for s in specs if s is not None), key=lambda s: s.key)
 
 

@@ -52,6 +52,38 @@ def _rotating(make, copies: int):
     return nxt
 
 
+def _rotating_weights(w: Workload, l2: int, tv):
+    """Rotating weight sets of `w` (W [n * weights, k] in torch, [W_gate, W_up] or [W] as TVM tensors, W as a
+    TVM tensor), enough copies to exceed the L2 cache three times."""
+    import torch
+
+    copies = max(1, math.ceil(3 * l2 / (w.n * w.k * 2 * w.weights)))
+
+    def make(_i):
+        wcat = (torch.randn(w.n * w.weights, w.k, device="cuda") / math.sqrt(w.k)).half()
+        return wcat, [tv(v) for v in (wcat[:w.n], wcat[w.n:] if w.swiglu else wcat)], tv(wcat)
+
+    return _rotating(make, copies)
+
+
+def _reorder_args(w: Workload, mask, tv) -> list:
+    """TVM views of (mask, counts, order, used): the mask reorder's input and outputs."""
+    import torch
+
+    m = mask.shape[0]
+    return [tv(v) for v in (mask, torch.empty(w.groups, dtype=torch.int32, device="cuda"),
+                            torch.empty(w.groups, m, dtype=torch.int32, device="cuda"),
+                            torch.empty(w.groups + 1, dtype=torch.int32, device="cuda"))]
+
+
+def _launch(fn, w: Workload, xt, wts, r_args, out) -> None:
+    """One call of a gated kernel: gemm_mn (x, W_gate, W_up, counts, order, out), gemm_k (a, W, mask, used, out)."""
+    if w.kind == "gemm_mn":
+        fn(xt, wts[1][0], wts[1][1], r_args[1], r_args[2], out)
+    else:
+        fn(xt, wts[1][0], r_args[0], r_args[3], out)
+
+
 def device_limits(timer) -> dict:
     """Measured DRAM bandwidth (device copy) and dense fp16 tensor-core throughput (cuBLAS 8192^3)."""
     import torch
@@ -105,14 +137,7 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
         w = Workload(**wj)
         if only and w.name not in only:
             continue
-        copies = max(1, math.ceil(3 * l2 / (w.n * w.k * 2 * w.weights)))
-        scale = 1.0 / math.sqrt(w.k)
-
-        def make(_i, w=w, scale=scale):
-            wcat = (torch.randn(w.n * w.weights, w.k, device="cuda") * scale).half()
-            return wcat, [tv(v) for v in (wcat[:w.n], wcat[w.n:] if w.swiglu else wcat)], tv(wcat)
-
-        weights = _rotating(make, copies)
+        weights = _rotating_weights(w, l2, tv)
         kernel, reorder = ours[w.kernel], ours[w.reorder]
         for m in tokens:
             x = torch.randn(m, w.k, device="cuda").half()
@@ -123,17 +148,11 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
                 for mk in masks:
                     mask_np = make_mask(mk, m, w.groups, rng, sp)
                     mask = torch.from_numpy(mask_np).cuda()
-                    counts = torch.empty(w.groups, dtype=torch.int32, device="cuda")
-                    order = torch.empty(w.groups, m, dtype=torch.int32, device="cuda")
-                    used = torch.empty(w.groups + 1, dtype=torch.int32, device="cuda")
                     out = torch.empty(m, w.n, dtype=torch.float16, device="cuda")
-                    r_args = [tv(v) for v in (mask, counts, order, used)]
+                    r_args = _reorder_args(w, mask, tv)
 
                     def call(wts, w=w, r_args=r_args, xt=xt, out=out):
-                        if w.kind == "gemm_mn":
-                            kernel(xt, wts[1][0], wts[1][1], r_args[1], r_args[2], tv(out))
-                        else:
-                            kernel(xt, wts[1][0], r_args[0], r_args[3], tv(out))
+                        _launch(kernel, w, xt, wts, r_args, tv(out))
 
                     t_reorder = timer(lambda: reorder(*r_args))
                     t_kernel = timer(lambda: call(weights()))
@@ -196,32 +215,20 @@ def sweep(build_dir: str, tokens=(1, 4, 8, 16), sparsity: float = 0.5, progress=
     rows, best = [], {}
     for wj in spec["workloads"]:
         w = Workload(**wj)
-        copies = max(1, math.ceil(3 * l2 / (w.n * w.k * 2 * w.weights)))
-        sets = [(torch.randn(w.n * w.weights, w.k, device="cuda") / math.sqrt(w.k)).half() for _ in range(copies)]
-        state = {"i": 0}
-
-        def wts():
-            state["i"] = (state["i"] + 1) % copies
-            return sets[state["i"]]
-
+        weights = _rotating_weights(w, l2, tv)
         for m in tokens:
             mask = torch.from_numpy(make_mask("random", m, w.groups, rng, sparsity)).cuda()
-            counts = torch.empty(w.groups, dtype=torch.int32, device="cuda")
-            order = torch.empty(w.groups, m, dtype=torch.int32, device="cuda")
-            used = torch.empty(w.groups + 1, dtype=torch.int32, device="cuda")
-            ours[w.reorder](*(tv(v) for v in (mask, counts, order, used)))
-            x = torch.randn(m, w.k, device="cuda").half()
-            out = torch.empty(m, w.n, dtype=torch.float16, device="cuda")
+            r_args = _reorder_args(w, mask, tv)
+            ours[w.reorder](*r_args)
+            xt = tv(torch.randn(m, w.k, device="cuda").half())
+            out = tv(torch.empty(m, w.n, dtype=torch.float16, device="cuda"))
             for warps, unroll in variants(w):
                 knob_name = f"w{warps}u{unroll}"  # GemvKnobs.name(); schedules is not importable here
                 fn = ours[f"{w.kernel}_{knob_name}"]
-                if w.kind == "gemm_mn":
-                    def call(fn=fn):
-                        wc = wts()
-                        fn(tv(x), tv(wc[:w.n]), tv(wc[w.n:] if w.swiglu else wc), tv(counts), tv(order), tv(out))
-                else:
-                    def call(fn=fn):
-                        fn(tv(x), tv(wts()), tv(mask), tv(used), tv(out))
+
+                def call(fn=fn, r_args=r_args, xt=xt, out=out):
+                    _launch(fn, w, xt, weights(), r_args, out)
+
                 t = timer(call)
                 rows.append({"workload": w.name, "tokens": m, "knobs": knob_name, "kernel_us": t})
                 bucket = 8 if m <= 8 else 16
@@ -230,5 +237,5 @@ def sweep(build_dir: str, tokens=(1, 4, 8, 16), sparsity: float = 0.5, progress=
                     best[key] = {"knobs": knob_name, "warps": warps, "unroll": unroll, "kernel_us": t, "tokens": m}
             progress(f"{w.name:14s} M={m:3d} " + "  ".join(f"{r['knobs']} {r['kernel_us']:6.1f}"
                                                           for r in rows if r["workload"] == w.name and r["tokens"] == m))
-        del sets
+        del weights
     return {"device": torch.cuda.get_device_name(0), "timer": how, "sparsity": sparsity, "rows": rows, "best": best}

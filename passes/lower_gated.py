@@ -16,7 +16,8 @@ from tvm.relax.dpl import rewrite_call
 
 from ..kernel_knobs import kernel_key
 from ..schedules import gemm_k, gemm_mn, mask_reorder
-from ..schedules.gemv import GemvKnobs
+from ..schedules.gemv import decode_knobs, supports_k, supports_mn
+from ..weight_layout import TC_CHUNK, TC_ROWS, stored_shape
 from ..schedules.tiles import TileConfig
 from ..schedules.root_block import with_root_block
 from .mask_analysis import MaskInfo, analyse_mask, op_name, resolve
@@ -41,7 +42,7 @@ class _State:
     builder: relax.BlockBuilder
     knobs: dict = field(default_factory=dict)  # kernel key -> tuned knobs (wide_tvm.kernel_knobs)
     params: tuple = ()  # the function's parameters (weights among them)
-    folded: dict = field(default_factory=dict)  # weight param -> its [K, N] replacement (CPU gemm_k)
+    repacked: dict = field(default_factory=dict)  # weight param -> (replacement param, source layout, layout)
     kernels: dict = field(default_factory=dict)  # name -> GlobalVar, shared by the module's functions
     layers: list = field(default_factory=list)
 
@@ -120,48 +121,72 @@ def _tuned(state: _State, kind: str, groups: int, group_size: int, dim: int, dty
     if not entry:
         return {}
     if state.target_kind == "cuda" and "decode" in entry:
-        return {"decode_knobs": tuple(GemvKnobs(*wu) for wu in entry["decode"])}
+        return {"decode_knobs": decode_knobs(entry["decode"])}
     if state.target_kind == "llvm" and "cpu" in entry:
         return {"cpu_tile": TileConfig(**entry["cpu"])}
     return {}
 
 
-def _reorder_call(state: _State, info: MaskInfo, tokens):
-    """(kernel name, call) of the mask reorder: counts [G], order [G, tokens], used [G + 1]."""
+def _reorder_call(state: _State, info: MaskInfo, tokens, decode_free: bool):
+    """(kernel name, call) of the mask reorder: counts [G], order [G, tokens], used [G + 1]. `decode_free`
+    when every consumer is a tensor-core kernel: those read the mask itself at decode token counts."""
     G = info.groups
-    name = f"wide_mask_reorder_g{G}"
-    gv = state.kernel(name, lambda: mask_reorder(G, state.target_kind))
+    name = f"wide_mask_reorder_g{G}" + ("_tc" if decode_free else "")
+    gv = state.kernel(name, lambda: mask_reorder(G, state.target_kind, decode_free))
     call = relax.call_tir(gv, [_flat_mask(info, tokens)],
                           out_ty=[relax.TensorType([G], "int32"), relax.TensorType([G, tokens], "int32"),
                                   relax.TensorType([G + 1], "int32")])
     return name, call
 
 
-def _fold_to_kn(state: _State, weight):
-    """On the CPU, a [N, K] weight parameter of gemm_k becomes a [K, N] parameter (the compiler transposes
-    the stored array once): a group's K-slice is then one contiguous block instead of a strided column."""
-    if state.target_kind != "llvm" or not any(weight.same_as(p) for p in state.params):
+def _repack(state: _State, weight, layout: str, want: str):
+    """A weight parameter stored in `layout` becomes a parameter in the `want` layout (the compiler repacks
+    the stored array once, wide_tvm/weight_layout.py): "kn" for CPU gemm_k (a group's K-slice is one
+    contiguous block instead of a strided column), "tc" tensor-core tiles for the CUDA fp16 kernels.
+    None when `weight` is not a parameter (computed weights keep their layout)."""
+    if not any(weight.same_as(p) for p in state.params):
         return None
-    if weight not in state.folded:
-        rows, cols = (int(d) for d in weight.ty.shape.values)
-        state.folded[weight] = relax.Var(weight.name, relax.TensorType([cols, rows], weight.ty.dtype))
-    return state.folded[weight]
+    if weight not in state.repacked:
+        n, k = _weight_dims(weight, layout)
+        new = relax.Var(weight.name, relax.TensorType(list(stored_shape(want, n, k)), weight.ty.dtype))
+        state.repacked[weight] = (new, layout, want)
+    new, _, have = state.repacked[weight]
+    return new if have == want else None
 
 
-def _gemm_k_call(state: _State, a2, tokens, dtype: str, weight_expr, info: MaskInfo, used, out_expr):
-    """(a2 [tokens, K] * mask) @ W through gemm_k, reshaped like `out_expr`; (None, None) if W does not fit."""
+def _kernel_layout(state: _State, weights: list, layout: str, tensor_cores: bool):
+    """(weights, layout) the kernel reads: tensor-core tiles on CUDA when the shape has them, [K, N] for
+    CPU gemm_k (`tensor_cores` is None for gemm_mn on CPU: kept as is), else unchanged."""
+    want = None
+    if state.target_kind == "cuda" and tensor_cores:
+        want = "tc"
+    elif state.target_kind == "llvm" and tensor_cores is None and layout == "nk":
+        want = "kn"
+    if want is None:
+        return weights, layout
+    new = [_repack(state, w, layout, want) for w in weights]
+    return (new, want) if all(v is not None for v in new) else (weights, layout)
+
+
+def _gemm_k_plan(state: _State, weight_expr, info: MaskInfo, dtype: str):
+    """(weight, layout, N) gemm_k will read (repacked where that pays), or None if W does not fit."""
     weight, layout = _weight(weight_expr, state.var2val)
     n_dim, k_dim = _weight_dims(weight, layout)
     if k_dim != info.groups * info.group_size or str(weight.ty.dtype) != dtype:
-        return None, None
-    folded = _fold_to_kn(state, weight) if layout == "nk" else None
-    if folded is not None:
-        weight, layout = folded, "kn"
+        return None
+    tensor_cores = supports_k(info.group_size, n_dim, dtype) if state.target_kind == "cuda" else None
+    (weight,), layout = _kernel_layout(state, [weight], layout, tensor_cores)
+    return weight, layout, n_dim
+
+
+def _gemm_k_call(state: _State, a2, tokens, dtype: str, plan, info: MaskInfo, reorder, out_expr):
+    """(a2 [tokens, K] * mask) @ W through gemm_k, reshaped like `out_expr`, and (kernel name, weight)."""
+    weight, layout, n_dim = plan
     name = f"wide_gemm_k_g{info.groups}x{info.group_size}_n{n_dim}_{dtype}_{layout}"
     extra = _tuned(state, "gemm_k", info.groups, info.group_size, n_dim, dtype)
     gv = state.kernel(name, lambda: gemm_k(info.groups, info.group_size, n_dim, dtype, layout, state.target_kind,
                                            **extra))
-    y = relax.call_tir(gv, [a2, weight, _flat_mask(info, tokens), used],
+    y = relax.call_tir(gv, [a2, weight, _flat_mask(info, tokens), *(relax.TupleGetItem(reorder, i) for i in range(3))],
                        out_ty=relax.TensorType([tokens, n_dim], dtype))
     return relax.op.reshape(y, out_expr.ty.shape), (name, weight)
 
@@ -189,17 +214,20 @@ def _rewrite_ffn(state: _State, pat):
         tokens, hidden = tc
         dtype = str(xg.ty.dtype)
         G, gs = info.groups, info.group_size
-        reorder_name, reorder = _reorder_call(state, info, tokens)
+        down_plan = _gemm_k_plan(state, m[pat.proj.weight], info, dtype)
+        if down_plan is None:
+            return expr
+        if state.target_kind == "cuda":
+            (wg, wu), lg = _kernel_layout(state, [wg, wu], lg, supports_mn(gs, hidden, dtype))
+        reorder_name, reorder = _reorder_call(state, info, tokens, lg == "tc" and down_plan[1] == "tc")
         mn_name = f"wide_gemm_mn_swiglu_g{G}x{gs}_k{hidden}_{dtype}_{lg}"
         extra = _tuned(state, "gemm_mn_swiglu", G, gs, hidden, dtype)
         gv_mn = state.kernel(mn_name, lambda: gemm_mn(G, gs, hidden, dtype, lg, True, state.target_kind, **extra))
         x2 = relax.op.reshape(xg, relax.ShapeExpr([tokens, hidden]))
-        h = relax.call_tir(gv_mn, [x2, wg, wu, relax.TupleGetItem(reorder, 0), relax.TupleGetItem(reorder, 1)],
+        h = relax.call_tir(gv_mn, [x2, wg, wu, _flat_mask(info, tokens), relax.TupleGetItem(reorder, 0),
+                                   relax.TupleGetItem(reorder, 1), relax.TupleGetItem(reorder, 2)],
                            out_ty=relax.TensorType([tokens, G * gs], dtype))
-        out, down = _gemm_k_call(state, h, tokens, dtype, m[pat.proj.weight], info,
-                                 relax.TupleGetItem(reorder, 2), expr)
-        if out is None:
-            return expr
+        out, down = _gemm_k_call(state, h, tokens, dtype, down_plan, info, reorder, expr)
         state.layers.append(GatedLayer("ffn", G, gs, [reorder_name, mn_name, down[0]],
                                        [_name(wg), _name(wu), _name(down[1])]))
         return out
@@ -219,12 +247,12 @@ def _rewrite_projection(state: _State, pat):
         if tc is None:
             return expr
         tokens, _ = tc
-        a2 = relax.op.reshape(operand, relax.ShapeExpr([tokens, k]))
-        reorder_name, reorder = _reorder_call(state, info, tokens)
-        out, kern = _gemm_k_call(state, a2, tokens, str(operand.ty.dtype), m[pat.weight], info,
-                                 relax.TupleGetItem(reorder, 2), expr)
-        if out is None:
+        plan = _gemm_k_plan(state, m[pat.weight], info, str(operand.ty.dtype))
+        if plan is None:
             return expr
+        a2 = relax.op.reshape(operand, relax.ShapeExpr([tokens, k]))
+        reorder_name, reorder = _reorder_call(state, info, tokens, plan[1] == "tc")
+        out, kern = _gemm_k_call(state, a2, tokens, str(operand.ty.dtype), plan, info, reorder, expr)
         kind = "attention" if _is_attention(m[pat.operand], v2v) else "projection"
         state.layers.append(GatedLayer(kind, info.groups, info.group_size, [reorder_name, kern[0]],
                                        [_name(kern[1])]))
@@ -233,14 +261,26 @@ def _rewrite_projection(state: _State, pat):
     return callback
 
 
-def _replace_params(func: relax.Function, folded: dict) -> relax.Function:
-    """`func` with each folded parameter swapped for its [K, N] replacement; any other use of the old
-    parameter reads it back through a transpose."""
-    params = [folded.get(p, p) for p in func.params]
+def _original_from(new: relax.Var, src: str, have: str, n: int, k: int) -> relax.Expr:
+    """Relax expression giving a repacked parameter back in its source layout (for other uses of it)."""
+    if have == "tc":
+        t = relax.op.reshape(new, relax.ShapeExpr([n // TC_ROWS, k // TC_CHUNK, 2, 8, 4, 8]))
+        nk = relax.op.reshape(relax.op.permute_dims(t, [0, 2, 3, 1, 4, 5]), relax.ShapeExpr([n, k]))
+    else:  # "kn"
+        nk = relax.op.permute_dims(new)
+    return nk if src == "nk" else relax.op.permute_dims(nk)
+
+
+def _replace_params(func: relax.Function, repacked: dict) -> relax.Function:
+    """`func` with each repacked parameter swapped for its replacement; any other use of the old parameter
+    reads it back through the inverse layout change."""
+    params = [repacked[p][0] if p in repacked else p for p in func.params]
     body = func.body
-    still_used = [p for p in folded if any(p.same_as(v) for v in relax.analysis.free_vars(body))]
+    still_used = [p for p in repacked if any(p.same_as(v) for v in relax.analysis.free_vars(body))]
     if still_used:
-        back = relax.BindingBlock([relax.VarBinding(p, relax.op.permute_dims(folded[p])) for p in still_used])
+        back = relax.BindingBlock([relax.VarBinding(p, _original_from(repacked[p][0], repacked[p][1], repacked[p][2],
+                                                                      *_weight_dims(p, repacked[p][1])))
+                                   for p in still_used])
         body = relax.SeqExpr([back, *body.blocks], body.body)
     return relax.Function(params, body, func.ret_ty, func.is_pure, func.attrs)
 
@@ -253,7 +293,8 @@ class LowerGatedLayers:
         self.target_kind = target_kind
         self.enabled = enabled
         self.knobs = knobs or {}
-        self.transposed: set[str] = set()  # weight parameters now expected as [K, N] (the compiler transposes them)
+        # weight parameter name -> (source layout, layout the kernels read); the compiler repacks the arrays
+        self.repacked: dict[str, tuple[str, str]] = {}
         self.layers: list[GatedLayer] = []
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -271,9 +312,9 @@ class LowerGatedLayers:
             state.var2val = relax.analysis.get_var2val(func)
             proj = gated_projection()
             func = rewrite_call(proj.root, _rewrite_projection(state, proj), func)
-            if state.folded:
-                func = _replace_params(func, state.folded)
-                self.transposed.update(p.name for p in state.folded)
+            if state.repacked:
+                func = _replace_params(func, state.repacked)
+                self.repacked.update({p.name: (src, have) for p, (_, src, have) in state.repacked.items()})
             builder.update_func(gv, func)
             self.layers.extend(state.layers)
         return builder.get()

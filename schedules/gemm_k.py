@@ -1,8 +1,10 @@
 """gemm_k: reduction-group pruning (down projection; O projection of gated attention).
 
 out[t] = sum over groups g active for token t of a[t, g*gs:(g+1)*gs] @ W[g*gs:(g+1)*gs, :].
-Tiles are BM consecutive tokens x BN output columns; for each group the tile first checks whether any
-of its tokens executes that group and skips the group's whole K-slice (loads and FMAs) when none does.
+CUDA: tensor-core kernels over the used groups' K-slices (schedules/gemv.py) for fp16 "tc" weights, else
+SIMT tiles of BM consecutive tokens x BN columns that skip a group's K-slice when no token of the tile
+runs it. CPU: with [K, N] weights, a task owns BN columns and walks each used group's active tokens from
+the mask reorder (work = active (token, group) pairs); with [N, K] weights, tiles as on CUDA.
 The reduction runs over groups in a fixed order inside one thread: no atomics, deterministic.
 """
 
@@ -11,18 +13,21 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .gemv import DEFAULT_DECODE, MAX_TOKENS, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, gemv_k_body, supports_k
+from ..weight_layout import stored_shape
+from .gemv import DECODE_BUCKETS, DEFAULT_DECODE, MAX_TOKENS, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, gemv_k_body, supports_k
 from .tiles import TileConfig, tile_config
-from .weights import weight_loader
+from .weights import check_layout, weight_loader
 
 
 def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
            target_kind: str, decode_knobs: DecodeKnobs = DEFAULT_DECODE,
            cpu_tile: TileConfig | None = None) -> tirx.PrimFunc:
-    """a [n, K=G*gs], w [N, K] ("nk") or [K, N] ("kn"), mask [n, G], used [G+1] (mask reorder) -> out [n, N]."""
+    """a [n, K=G*gs], w [N, K] ("nk"), [K, N] ("kn") or tensor-core tiles ("tc", CUDA fp16), mask [n, G],
+    counts [G], order [G, n], used [G+1] (mask reorder) -> out [n, N]."""
     G, gs, N = groups, group_size, n_dim
     K = G * gs
-    wshape = (N, K) if w_layout == "nk" else (K, N)
+    check_layout(w_layout, target_kind, supports_k(gs, N, dtype))
+    wshape = stored_shape(w_layout, N, K)
     load_w = weight_loader(w_layout)
     cfg = cpu_tile if (cpu_tile is not None and target_kind == "llvm") else tile_config(target_kind, N)
     if N % cfg.bn:
@@ -37,9 +42,10 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
                 flag[0] = T.max(flag[0], mask[row0 + r, g])
 
     if target_kind == "cuda":
-        small = w_layout == "nk" and supports_k(gs, N, dtype)  # decode kernels read fp16 [N, K] rows
-        gemv8 = gemv_k_body(G, gs, N, 8, decode_knobs[0]) if small else None
-        gemv16 = gemv_k_body(G, gs, N, MAX_TOKENS, decode_knobs[1]) if small else None
+        small = w_layout == "tc"  # the tensor-core kernels; SIMT tiles for "nk" / "kn"
+        gemv1 = gemv_k_body(G, gs, N, 8, decode_knobs[0]) if small else None  # 1 token: tuned apart
+        gemv8 = gemv_k_body(G, gs, N, 8, decode_knobs[1]) if small else None
+        gemv16 = gemv_k_body(G, gs, N, MAX_TOKENS, decode_knobs[2]) if small else None
         gemv_tiles = gemv_k_body(G, gs, N, TILE_TOKENS, PREFILL_KNOBS, token_tiles=True) if small else None
 
         @T.macro
@@ -63,9 +69,11 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
                                 out[bx * BM + ty, by * BN + tx] = T.Cast(dtype, acc[0])
 
         @T.macro
-        def dispatch(a, w, mask, used, out, n):
+        def dispatch(a, w, mask, counts, order, used, out, n):
             if small:  # decided on the host: one kernel launch either way
-                if n <= 8:
+                if n <= DECODE_BUCKETS[0]:
+                    gemv1(a, w, mask, used, out, n)
+                elif n <= DECODE_BUCKETS[1]:
                     gemv8(a, w, mask, used, out, n)
                 elif n <= MAX_TOKENS:
                     gemv16(a, w, mask, used, out, n)
@@ -113,48 +121,55 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
                         out[tok(tile, r), ncol(tile, c)] = T.Cast(dtype, tot[0])
 
     @T.macro
-    def cpu_kn(a, w, mask, used, out, n):
-        # one task: BM tokens x BN output columns; only the groups in the reorder's `used` list are visited
-        for tile in T.parallel((n + BM - 1) // BM * (N // BN)):
-            acc = T.decl_buffer((BM, BN), "float32", scope="local")
-            flag = T.decl_buffer((1,), "int32", scope="local")
-            for r in range(BM):
+    def cpu_kn(a, w, counts, order, used, out, n):
+        # one task: BN output columns for every token. Groups are visited in `used` order; while one group's
+        # gs x BN weight block stays in cache, only its active tokens (the reorder's order[g, :count])
+        # accumulate into their fp32 rows, so skipped (token, group) pairs cost nothing: the work is the
+        # active pairs, not the tiles that hold one. Fixed group and token order: deterministic.
+        for task in T.parallel(N // BN):
+            acc = T.decl_buffer((n, BN), "float32")
+            row = T.decl_buffer((BN,), "float32", scope="local")
+            tg = T.decl_buffer((2,), "int32", scope="local")  # group, token
+            for t in range(n):
                 for c in T.vectorized(BN):
-                    acc[r, c] = T.float32(0)
+                    acc[t, c] = T.float32(0)
             for j in range(used[G]):
-                tile_active(mask, tile // (N // BN) * BM, used[j], n, flag)
-                if flag[0] != 0:
-                    for k in range(gs):
-                        for r in range(BM):
-                            if tile // (N // BN) * BM + r < n:
-                                if mask[tile // (N // BN) * BM + r, used[j]] != 0:
-                                    for c in T.vectorized(BN):
-                                        acc[r, c] = acc[r, c] + T.Cast(
-                                            "float32", a[tile // (N // BN) * BM + r, used[j] * gs + k]) * \
-                                            T.Cast("float32", load_w(w, used[j] * gs + k, tile % (N // BN) * BN + c))
-            for r in range(BM):
-                if tile // (N // BN) * BM + r < n:
+                tg[0] = used[j]
+                for i in range(counts[tg[0]]):
+                    tg[1] = order[tg[0], i]
                     for c in T.vectorized(BN):
-                        out[tile // (N // BN) * BM + r, tile % (N // BN) * BN + c] = T.Cast(dtype, acc[r, c])
+                        row[c] = acc[tg[1], c]
+                    for k in range(gs):
+                        for c in T.vectorized(BN):
+                            row[c] = row[c] + T.Cast("float32", a[tg[1], tg[0] * gs + k]) * \
+                                T.Cast("float32", load_w(w, tg[0] * gs + k, task * BN + c))
+                    for c in T.vectorized(BN):
+                        acc[tg[1], c] = row[c]
+            for t in range(n):
+                for c in T.vectorized(BN):
+                    out[t, task * BN + c] = T.Cast(dtype, acc[t, c])
 
     if target_kind != "cuda":
 
         @T.macro
-        def dispatch(a, w, mask, used, out, n):
+        def dispatch(a, w, mask, counts, order, used, out, n):
             if w_layout == "nk":
                 cpu_nk(a, w, mask, used, out, n)
             else:
-                cpu_kn(a, w, mask, used, out, n)
+                cpu_kn(a, w, counts, order, used, out, n)
 
     @T.prim_func(private=True)
-    def gemm_k(a_h: T.handle, w_h: T.handle, mask_h: T.handle, used_h: T.handle, out_h: T.handle):
+    def gemm_k(a_h: T.handle, w_h: T.handle, mask_h: T.handle, counts_h: T.handle, order_h: T.handle,
+               used_h: T.handle, out_h: T.handle):
         T.func_attr({"tirx.noalias": True})
         n = T.int64()
         a = T.match_buffer(a_h, (n, K), dtype)
         w = T.match_buffer(w_h, wshape, dtype)
         mask = T.match_buffer(mask_h, (n, G), "int32")
+        counts = T.match_buffer(counts_h, (G,), "int32")
+        order = T.match_buffer(order_h, (G, n), "int32")
         used = T.match_buffer(used_h, (G + 1,), "int32")
         out = T.match_buffer(out_h, (n, N), dtype)
-        dispatch(a, w, mask, used, out, n)
+        dispatch(a, w, mask, counts, order, used, out, n)
 
     return gemm_k

@@ -11,18 +11,22 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .gemv import DEFAULT_DECODE, MAX_TOKENS, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, gemv_mn_body, supports_mn
+from ..weight_layout import stored_shape
+from .gemv import DECODE_BUCKETS, DEFAULT_DECODE, MAX_TOKENS, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, gemv_mn_body, supports_mn
 from .tiles import TileConfig, tile_config
-from .weights import weight_loader
+from .weights import check_layout, weight_loader
 
 
 def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str, swiglu: bool,
             target_kind: str, decode_knobs: DecodeKnobs = DEFAULT_DECODE,
             cpu_tile: TileConfig | None = None) -> tirx.PrimFunc:
-    """x [n, K], w [N, K] ("nk") or [K, N] ("kn") (and w_up for SwiGLU), counts [G], order [G, n] -> out [n, N]."""
+    """x [n, K], w (and w_up for SwiGLU) [N, K] ("nk"), [K, N] ("kn") or tensor-core tiles ("tc", CUDA fp16),
+    mask [n, G], counts [G], order [G, n], used [G + 1] (the mask reorder) -> out [n, N]. The tensor-core
+    decode kernels (n <= 16) read the mask itself; every other path walks the reorder."""
     G, gs, K = groups, group_size, k_dim
     N = G * gs
-    wshape = (N, K) if w_layout == "nk" else (K, N)
+    check_layout(w_layout, target_kind, supports_mn(gs, K, dtype))
+    wshape = stored_shape(w_layout, N, K)
     load_w = weight_loader(w_layout)
     cfg = cpu_tile if (cpu_tile is not None and target_kind == "llvm") else tile_config(target_kind, gs)
     if gs % cfg.bn:
@@ -46,13 +50,14 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
             out[t, col] = T.Cast(dtype, acc[0])
 
     if target_kind == "cuda":
-        small = w_layout == "nk" and supports_mn(gs, K, dtype)  # decode kernels read fp16 [N, K] rows
-        gemv8 = gemv_mn_body(G, gs, K, swiglu, 8, decode_knobs[0]) if small else None
-        gemv16 = gemv_mn_body(G, gs, K, swiglu, MAX_TOKENS, decode_knobs[1]) if small else None
+        small = w_layout == "tc"  # the tensor-core kernels; SIMT tiles for "nk" / "kn"
+        gemv1 = gemv_mn_body(G, gs, K, swiglu, 8, decode_knobs[0]) if small else None  # 1 token: tuned apart
+        gemv8 = gemv_mn_body(G, gs, K, swiglu, 8, decode_knobs[1]) if small else None
+        gemv16 = gemv_mn_body(G, gs, K, swiglu, MAX_TOKENS, decode_knobs[2]) if small else None
         gemv_tiles = gemv_mn_body(G, gs, K, swiglu, TILE_TOKENS, PREFILL_KNOBS, token_tiles=True) if small else None
 
         @T.macro
-        def tiled(x, wg, wu, counts, order, out, n):
+        def tiled(x, wg, wu, mask, counts, order, used, out, n):
             for bx in T.thread_binding(G * ((n + BM - 1) // BM), thread="blockIdx.x"):
                 for by in T.thread_binding(n_col_tiles, thread="blockIdx.y"):
                     for ty in T.thread_binding(BM, thread="threadIdx.y"):
@@ -68,16 +73,18 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
                                     out[t, col] = T.Cast(dtype, 0)
 
         @T.macro
-        def dispatch(x, wg, wu, counts, order, out, n):
+        def dispatch(x, wg, wu, mask, counts, order, used, out, n):
             if small:  # decided on the host: one kernel launch either way
-                if n <= 8:
-                    gemv8(x, wg, wu, counts, order, out, n)
+                if n <= DECODE_BUCKETS[0]:
+                    gemv1(x, wg, wu, mask, counts, order, used, out, n)
+                elif n <= DECODE_BUCKETS[1]:
+                    gemv8(x, wg, wu, mask, counts, order, used, out, n)
                 elif n <= MAX_TOKENS:
-                    gemv16(x, wg, wu, counts, order, out, n)
+                    gemv16(x, wg, wu, mask, counts, order, used, out, n)
                 else:
-                    gemv_tiles(x, wg, wu, counts, order, out, n)
+                    gemv_tiles(x, wg, wu, mask, counts, order, used, out, n)
             else:
-                tiled(x, wg, wu, counts, order, out, n)
+                tiled(x, wg, wu, mask, counts, order, used, out, n)
 
 
     def n_tiles(n):
@@ -168,23 +175,25 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
     if target_kind != "cuda":
 
         @T.macro
-        def dispatch(x, wg, wu, counts, order, out, n):
+        def dispatch(x, wg, wu, mask, counts, order, used, out, n):
             if w_layout == "nk":
                 cpu_nk(x, wg, wu, counts, order, out, n)
             else:
                 cpu_kn(x, wg, wu, counts, order, out, n)
 
     @T.prim_func(private=True)
-    def gemm_mn(x_h: T.handle, wg_h: T.handle, wu_h: T.handle, counts_h: T.handle, order_h: T.handle,
-                out_h: T.handle):
+    def gemm_mn(x_h: T.handle, wg_h: T.handle, wu_h: T.handle, mask_h: T.handle, counts_h: T.handle,
+                order_h: T.handle, used_h: T.handle, out_h: T.handle):
         T.func_attr({"tirx.noalias": True})
         n = T.int64()
         x = T.match_buffer(x_h, (n, K), dtype)
         wg = T.match_buffer(wg_h, wshape, dtype)
         wu = T.match_buffer(wu_h, wshape, dtype)
+        mask = T.match_buffer(mask_h, (n, G), "int32")
         counts = T.match_buffer(counts_h, (G,), "int32")
         order = T.match_buffer(order_h, (G, n), "int32")
+        used = T.match_buffer(used_h, (G + 1,), "int32")
         out = T.match_buffer(out_h, (n, N), dtype)
-        dispatch(x, wg, wu, counts, order, out, n)
+        dispatch(x, wg, wu, mask, counts, order, used, out, n)
 
     return gemm_mn

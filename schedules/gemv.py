@@ -1,7 +1,9 @@
 """Tensor-core CUDA kernels for gated projections that read only the weights of used groups.
 
-Written for decode (<= 16 tokens, one grid row); with `token_tiles` the same kernels cover any token count
-in grid rows of TILE_TOKENS sorted tokens (prefill), a row past a group's active count being skipped.
+Written for decode (<= 16 tokens, one grid row, one kernel per token bucket 1 / 2-8 / 9-16 with its own
+knobs): the tokens themselves are the mma columns and the kernels read the mask directly, so no reorder has
+to run first. With `token_tiles` the same kernels cover any token count in grid rows of TILE_TOKENS tokens
+sorted by the mask reorder (prefill), a row past a group's active count being skipped.
 
 With few tokens a gated projection is memory bound: its time is the weight bytes it reads. Both kernels
 compute out^T = W x^T with `mma.sync.m16n8k16` (weights as the 16-row A operand, the tokens as the
@@ -9,11 +11,17 @@ compute out^T = W x^T with `mma.sync.m16n8k16` (weights as the 16-row A operand,
 cores; fp16 in, fp32 accumulate.
 
 * `gemv_mn` (gate/up with SwiGLU, or a plain projection such as Q): a block owns 16 output channels of
-  one group. A group no token runs (count 0 in the mask reorder) writes zeros and reads nothing
-  (block-level skipping); inside a used group only its active tokens (the first `count` of the
-  reorder's order) are gathered into the B operand (intra-block skipping).
-* `gemv_k` (down / O projection): a block owns 16 output rows and streams only the K-slices of the
-  groups some token runs (the reorder's `used` list); a token that skips a group contributes zeros.
+  one group; a group no token runs writes zeros and reads nothing (block-level skipping), a token that
+  skips the group is zeroed in the B operand (intra-block skipping). Token tiles take groups in the
+  reorder's `used` order (groups some token runs first, so blocks with work are dispatched first) and
+  gather only a group's active tokens (the first `count` of the reorder's order).
+* `gemv_k` (down / O projection): a block owns 16 (x `rows`) output rows and streams only the K-slices of
+  the groups some token runs: decode builds that list (and each listed group's token bit set) in shared
+  memory from the mask, token tiles copy the reorder's `used` list; a token that skips a group
+  contributes zeros.
+
+Weights are stored in the "tc" layout (wide_tvm/weight_layout.py): each lane's 16-byte fragment vector
+sits where a warp load of 512 contiguous bytes fetches it, and a 16-row tile streams as one block.
 
 The warps of a block split K; their partial tiles are summed through shared memory in a fixed order, so
 results are deterministic. K-chunk order inside a warp is fixed as well.
@@ -40,13 +48,22 @@ CHUNK = 32  # K elements per warp step (4 lanes x 8 halves)
 class GemvKnobs:
     warps: int = 4  # warps per block, splitting K
     unroll: int = 4  # K chunks each warp loads before multiplying
+    rows: int = 1  # 16-row tiles per warp (gemv_k): each activation fragment load feeds this many tiles
 
     def name(self) -> str:
-        return f"w{self.warps}u{self.unroll}"
+        return f"w{self.warps}u{self.unroll}" + (f"r{self.rows}" if self.rows > 1 else "")
 
 
-DecodeKnobs = tuple  # (knobs for <= 8 tokens, knobs for <= 16 tokens)
-DEFAULT_DECODE: DecodeKnobs = (GemvKnobs(), GemvKnobs())
+DECODE_BUCKETS = (1, 8, MAX_TOKENS)  # one decode kernel per bucket, each with its own knobs (1 token: decode)
+DecodeKnobs = tuple  # knobs per DECODE_BUCKETS entry
+DEFAULT_DECODE: DecodeKnobs = (GemvKnobs(),) * len(DECODE_BUCKETS)
+
+
+def decode_knobs(entries: list) -> DecodeKnobs:
+    """Knobs per decode bucket from a tuning log's [[warps, unroll(, rows)], ...]; a log written before the
+    1-token bucket existed ([<= 8, <= 16]) gives its <= 8 knobs to 1 token as well."""
+    knobs = tuple(GemvKnobs(*e) for e in entries)
+    return (knobs[0],) + knobs if len(knobs) == len(DECODE_BUCKETS) - 1 else knobs
 PREFILL_KNOBS = GemvKnobs(warps=4, unroll=1)  # many-token kernels: 160 registers, no spills at these
 
 
@@ -94,11 +111,56 @@ def _sum_over_warps(red, tot, t_idx, slot, warps, nacc, lane):
         tot[t_idx] = tot[t_idx] + red[(w * nacc + slot) * 32 + lane]
 
 
+@T.macro
+def _used_groups(mask, sused, n, wy, lane, groups, warps, max_tokens, bits_at):
+    """sused[:c] = the groups some token runs (ascending), sused[groups] = c, computed by the whole block from
+    the mask [n <= max_tokens, groups]: per group an OR over the tokens (branch-free clamped loads), then a
+    block-wide exclusive scan (warp shuffles, one shared slot per warp). Decode kernels call this instead of
+    waiting for a separate mask-reorder launch. sused: shared int32 [groups + 1 + warps], the last `warps`
+    slots being per-warp scratch (one buffer, so the compiler cannot fold the scratch into the list), then
+    from `bits_at` the token bit set of each listed group (bit t: token t runs it), so the K loop reads its
+    intra-block skipping from shared memory instead of the mask."""
+    flag = T.decl_buffer((2,), "int32", scope="local")  # used flag, inclusive warp scan
+    part = T.decl_buffer((3,), "int32", scope="local")  # shuffle / prefix scratch, groups found so far
+    mreg = T.decl_buffer((max_tokens,), "int32", scope="local")
+    part[2] = 0
+    for p in T.unroll((groups + 32 * warps - 1) // (32 * warps)):  # straight-line barriers
+        flag[0] = 0
+        for t in T.unroll(max_tokens):  # clamped loads in their own statements: no short-circuit, all in flight
+            mreg[t] = mask[T.min(t, T.Cast("int32", n) - 1), T.min(p * 32 * warps + wy * 32 + lane, groups - 1)]
+        for t in T.unroll(max_tokens):
+            flag[0] = flag[0] | T.Select(
+                t < T.Cast("int32", n) and p * 32 * warps + wy * 32 + lane < groups and mreg[t] != 0,
+                T.shift_left(1, t), 0)
+        flag[1] = T.Select(flag[0] != 0, 1, 0)
+        for sh in T.unroll(5):
+            part[0] = T.tvm_warp_shuffle_up(T.tvm_warp_activemask(), flag[1], 1 << sh, 32, 32)
+            flag[1] = flag[1] + T.Select(lane >= (1 << sh), part[0], 0)
+        if lane == 31:
+            sused[groups + 1 + wy] = flag[1]
+        T.tvm_storage_sync("shared")
+        part[0] = part[2]  # used groups of earlier passes and earlier warps
+        for w in T.unroll(warps):
+            part[0] = part[0] + T.Select(w < wy, sused[groups + 1 + w], 0)
+            part[2] = part[2] + sused[groups + 1 + w]
+        T.tvm_storage_sync("shared")  # barriers are all explicit: under the host-side ifs TVM cannot add one
+        # unused groups write the scratch slot sused[groups] (set to the count below, after a barrier)
+        sused[T.Select(flag[0] != 0, part[0] + flag[1] - 1, groups)] = p * 32 * warps + wy * 32 + lane
+        sused[bits_at + T.Select(flag[0] != 0, part[0] + flag[1] - 1, groups)] = flag[0]
+        T.tvm_storage_sync("shared")
+    if wy == 0 and lane == 0:
+        sused[groups] = part[2]
+    T.tvm_storage_sync("shared")
+
+
 def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tokens: int,
                  knobs: GemvKnobs = GemvKnobs(), token_tiles: bool = False):
-    """Macro (x, wg, wu, counts, order, out, n), fp16, W [N, K]: for n <= max_tokens (8 or 16), or, with
-    `token_tiles`, any n in grid rows of `max_tokens` sorted tokens (a tile past the group's count only
-    writes its zeros: block-level skipping)."""
+    """Macro (x, wg, wu, mask, counts, order, used, out, n), fp16, W in the "tc" layout [N / 16, 16 K].
+
+    Decode (n <= max_tokens, 8 or 16): the tokens themselves are the mma columns and the mask is read
+    directly (a token that skips the group is zeroed in the B operand; a group no token runs reads no
+    weights); the reorder outputs are not used. With `token_tiles`, any n in grid rows of `max_tokens`
+    sorted tokens of the reorder (a tile past the group's count only writes its zeros)."""
     G, gs, K = groups, group_size, k_dim
     N = G * gs
     W, U = knobs.warps, knobs.unroll
@@ -110,38 +172,86 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
         U, W = (U // 2, W) if U > 1 else (U, W // 2)
     steps = CH // (U * W)
     NACC = NW * NT * 4
+    TPG = gs // ROWS  # row tiles per group
+    direct = not token_tiles
 
-    def grp(bx):
-        return bx * ROWS // gs
+    def nn(n):
+        return T.Cast("int32", n)
 
-    def cnt(counts, bx, n):
-        return T.min(counts[grp(bx)], T.Cast("int32", n))
+    def cnt(counts, g, n):
+        return T.min(counts[g], nn(n))
+
+    def chunk(s, u, wy):
+        """K chunk of this warp's u-th load in step s (K is a multiple of U * W chunks: no bounds checks)."""
+        return (s * U + u) * W + wy
 
     def kcol(s, u, wy, lane):
-        """K column of this lane's 16-byte vector (K is a multiple of U * W chunks: no bounds checks)."""
-        return ((s * U + u) * W + wy) * CHUNK + lane % 4 * 8
+        return chunk(s, u, wy) * CHUNK + lane % 4 * 8
 
     def ytiles(n):
-        return (T.Cast("int32", n) + MT - 1) // MT if token_tiles else 1
+        return (nn(n) + MT - 1) // MT if token_tiles else 1
 
-    def slot(counts, bx, by, n, j, lane):
-        """Reorder slot of this lane's token, clamped to the last active one (its column is zeroed)."""
-        return T.min(by * MT + j * 8 + lane // 4, cnt(counts, bx, n) - 1)
+    def col_token(by, j, lane):
+        """Token (decode) or reorder slot (token tiles) of this lane's B column j."""
+        return by * MT + j * 8 + lane // 4
 
-    def zfirst(counts, bx, by, n):
-        """Slots zfirst .. zend of this tile are tokens that skip the group: they get zeros."""
-        return T.max(cnt(counts, bx, n), by * MT)
+    def out_token(by, j, e, lane):
+        """Token / slot of accumulator element e of column block j (C fragment: columns 2q, 2q + 1)."""
+        return by * MT + j * 8 + lane % 4 * 2 + e % 2
 
-    def zend(by, n):
-        return T.min(T.Cast("int32", n), by * MT + MT)
+    def x_row(order, counts, g, by, j, lane, n):
+        if direct:
+            return T.min(col_token(by, j, lane), nn(n) - 1)
+        return order[g, T.min(col_token(by, j, lane), cnt(counts, g, n) - 1)]  # clamped to the last active
 
     @T.macro
-    def body(x, wg, wu, counts, order, out, n):
+    def keeps(keep, mask, counts, g, by, lane, n):
+        """keep[j]: this lane's B column j counts (decode: the mask, loaded unconditionally, then tested)."""
+        for j in T.unroll(NT):
+            if direct:
+                keep[j] = mask[T.min(col_token(by, j, lane), nn(n) - 1), g]
+                keep[j] = T.Select(col_token(by, j, lane) < nn(n) and keep[j] != 0, 1, 0)
+            else:
+                keep[j] = T.Select(col_token(by, j, lane) < cnt(counts, g, n), 1, 0)
+
+    def out_row(order, g, by, j, e, lane):
+        return out_token(by, j, e, lane) if direct else order[g, out_token(by, j, e, lane)]
+
+    def gated(mask, g, by, j, e, lane, value):
+        """Decode writes every token: zero where the token skips the group (token tiles write active slots)."""
+        if direct:
+            return T.Select(mask[out_token(by, j, e, lane), g] != 0, value, T.float16(0))
+        return value
+
+    def zfirst(counts, g, by, n):
+        """Slots zfirst .. zend of a token tile are tokens that skip the group: they get zeros."""
+        return T.max(cnt(counts, g, n), by * MT)
+
+    def zend(by, n):
+        return T.min(nn(n), by * MT + MT)
+
+    @T.macro
+    def group_of(gid, mask, counts, used, bx, n):
+        """gid = (group, its row tile, whether any token runs it)."""
+        if direct:
+            gid[0] = bx // TPG
+            gid[2] = 0
+            for t in T.unroll(MT):  # unconditional clamped loads (a short-circuit && would serialise them)
+                gid[2] = gid[2] | T.Select(mask[T.min(t, nn(n) - 1), bx // TPG] != 0, 1, 0)
+        else:
+            gid[0] = used[bx // TPG]  # groups some token runs first: the blocks with work start first
+            gid[2] = T.Select(cnt(counts, gid[0], n) > 0, 1, 0)
+        gid[1] = gid[0] * TPG + bx % TPG
+
+    @T.macro
+    def body(x, wg, wu, mask, counts, order, used, out, n):
         for bx in T.thread_binding(N // ROWS, thread="blockIdx.x"):
             for by in T.thread_binding(ytiles(n), thread="blockIdx.y"):
                 red = T.decl_buffer((W * NACC * 32,), "float32", scope="shared")
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
+                        gid = T.decl_buffer((3,), "int32", scope="local")
+                        group_of(gid, mask, counts, used, bx, n)
                         acc = T.decl_buffer((NACC,), "float32", scope="local")
                         wreg = T.decl_buffer((U * NW * 16,), "float16", scope="local")
                         xreg = T.decl_buffer((U * NT * 8,), "float16", scope="local")
@@ -152,23 +262,22 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
                         zero[0] = T.float16(0)
                         for a in T.unroll(NACC):
                             acc[a] = T.float32(0)
-                        for j in T.unroll(NT):
-                            keep[j] = T.Select(by * MT + j * 8 + lane // 4 < cnt(counts, bx, n), 1, 0)
-                        if cnt(counts, bx, n) > by * MT:
+                        keeps(keep, mask, counts, gid[0], by, lane, n)
+                        if gid[2] != 0 and (direct or cnt(counts, gid[0], n) > by * MT):
                             for s in range(steps):
                                 for u in T.unroll(U):
                                     for h in T.unroll(2):
                                         for v in T.vectorized(8):
                                             wreg[(u * NW * 2 + h) * 8 + v] = \
-                                                wg[bx * ROWS + lane // 4 + 8 * h, kcol(s, u, wy, lane) + v]
+                                                wg[gid[1], ((chunk(s, u, wy) * 2 + h) * 32 + lane) * 8 + v]
                                         if swiglu:
                                             for v in T.vectorized(8):
                                                 wreg[(u * NW * 2 + 2 + h) * 8 + v] = \
-                                                    wu[bx * ROWS + lane // 4 + 8 * h, kcol(s, u, wy, lane) + v]
+                                                    wu[gid[1], ((chunk(s, u, wy) * 2 + h) * 32 + lane) * 8 + v]
                                     for j in T.unroll(NT):
                                         for v in T.vectorized(8):
-                                            xreg[(u * NT + j) * 8 + v] = x[order[grp(bx), slot(
-                                                counts, bx, by, n, j, lane)], kcol(s, u, wy, lane) + v]
+                                            xreg[(u * NT + j) * 8 + v] = \
+                                                x[x_row(order, counts, gid[0], by, j, lane, n), kcol(s, u, wy, lane) + v]
                                 for u in T.unroll(U):
                                     for c in T.unroll(NW):
                                         for j in T.unroll(NT):
@@ -179,46 +288,55 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
                         tot = T.decl_buffer((2,), "float32", scope="local")
+                        g = T.decl_buffer((3,), "int32", scope="local")
+                        group_of(g, mask, counts, used, bx, n)
                         if wy == 0:
                             for j in T.unroll(NT):
                                 for e in T.unroll(4):
-                                    if by * MT + j * 8 + lane % 4 * 2 + e % 2 < cnt(counts, bx, n):
+                                    if out_token(by, j, e, lane) < (nn(n) if direct else cnt(counts, g[0], n)):
                                         for c in T.unroll(NW):
                                             _sum_over_warps(red, tot, c, (c * NT + j) * 4 + e, W, NACC, lane)
-                                        if swiglu:
-                                            out[order[grp(bx), by * MT + j * 8 + lane % 4 * 2 + e % 2],
-                                                bx * ROWS + lane // 4 + 8 * (e // 2)] = \
-                                                T.Cast("float16", tot[0] * T.sigmoid(tot[0]) * tot[1])
-                                        else:
-                                            out[order[grp(bx), by * MT + j * 8 + lane % 4 * 2 + e % 2],
-                                                bx * ROWS + lane // 4 + 8 * (e // 2)] = T.Cast("float16", tot[0])
-                        # this tile's tokens that skip the group: zeros (all threads share the (token, row) pairs)
-                        for i in range((T.max(zend(by, n) - zfirst(counts, bx, by, n), 0) * ROWS + 32 * W - 1)
-                                       // (32 * W)):
-                            if i * 32 * W + wy * 32 + lane < (zend(by, n) - zfirst(counts, bx, by, n)) * ROWS:
-                                out[order[grp(bx), zfirst(counts, bx, by, n) + (i * 32 * W + wy * 32 + lane) // ROWS],
-                                    bx * ROWS + (i * 32 * W + wy * 32 + lane) % ROWS] = T.float16(0)
+                                        out[out_row(order, g[0], by, j, e, lane), g[1] * ROWS + lane // 4 + 8 * (e // 2)] = \
+                                            gated(mask, g[0], by, j, e, lane, T.Cast(
+                                                "float16", (tot[0] * T.sigmoid(tot[0]) * tot[1]) if swiglu else tot[0]))
+                        if not direct:
+                            # this tile's tokens that skip the group: zeros (all threads share the (token, row) pairs)
+                            for i in range((T.max(zend(by, n) - zfirst(counts, g[0], by, n), 0) * ROWS + 32 * W - 1)
+                                           // (32 * W)):
+                                if i * 32 * W + wy * 32 + lane < (zend(by, n) - zfirst(counts, g[0], by, n)) * ROWS:
+                                    out[order[g[0], zfirst(counts, g[0], by, n) + (i * 32 * W + wy * 32 + lane) // ROWS],
+                                        g[1] * ROWS + (i * 32 * W + wy * 32 + lane) % ROWS] = T.float16(0)
 
     return body
 
 
 def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs: GemvKnobs = GemvKnobs(),
                 token_tiles: bool = False):
-    """Macro (a, w, mask, used, out, n), fp16, W [N, K=G*gs]: for n <= max_tokens (8 or 16), or, with
-    `token_tiles`, any n in grid rows of `max_tokens` tokens."""
+    """Macro (a, w, mask, used, out, n), fp16, W [N, K = G * gs] in the "tc" layout [N / 16, 16 K]: for
+    n <= max_tokens (8 or 16), or, with `token_tiles`, any n in grid rows of `max_tokens` tokens. Decode
+    builds the used-group list itself from the mask (no reorder launch); token tiles read the reorder's."""
     G, gs, N = groups, group_size, n_dim
-    W, U = knobs.warps, knobs.unroll
+    W, U, RT = knobs.warps, knobs.unroll, knobs.rows
     MT = max_tokens
     NT = MT // 8
     LPG = gs // CHUNK  # chunks per group slice
-    NACC = NT * 4
+    if N % (ROWS * RT):
+        RT = 1
+    NACC = RT * NT * 4
+    while W > 1 and W * NACC * 32 * 4 > 48 * 1024:  # the split-K partials must fit static shared memory
+        W //= 2
+    BITS = G + 1 + W  # where the decode token bit sets start in the shared list buffer
+    direct = not token_tiles
 
     def chunk(s, u, wy):
         return (s * U + u) * W + wy
 
+    def kchunk(g, s, u, wy, nch):
+        """K chunk of this lane's u-th load in group g; chunks past the used ones repeat the last (zeroed)."""
+        return g * LPG + T.min(chunk(s, u, wy), nch - 1) % LPG
+
     def kcol(g, s, u, wy, lane, nch):
-        """K column of this lane's vector in group g; chunks past the used ones repeat the last (zeroed)."""
-        return g * gs + T.min(chunk(s, u, wy), nch - 1) % LPG * CHUNK + lane % 4 * 8
+        return kchunk(g, s, u, wy, nch) * CHUNK + lane % 4 * 8
 
     def ytiles(n):
         return (T.Cast("int32", n) + MT - 1) // MT if token_tiles else 1
@@ -227,14 +345,37 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
         return T.min(by * MT + j * 8 + lane // 4, T.Cast("int32", n) - 1)
 
     @T.macro
+    def keeps(keep, mask, sused, g, s, u, wy, by, j, lane, n, nch):
+        """keep[u, j]: this lane's token column j counts for the u-th chunk (decode: the shared token bit
+        sets; token tiles: the mask, loaded unconditionally and then tested)."""
+        if direct:
+            keep[u * NT + j] = T.bitwise_and(T.shift_right(
+                sused[BITS + T.min(chunk(s, u, wy), nch - 1) // LPG], j * 8 + lane // 4), 1)
+        else:
+            keep[u * NT + j] = mask[tok(by, j, lane, n), g]
+        keep[u * NT + j] = T.Select(chunk(s, u, wy) < nch and by * MT + j * 8 + lane // 4 < T.Cast("int32", n)
+                                    and keep[u * NT + j] != 0, 1, 0)
+
+    @T.macro
     def body(a, w, mask, used, out, n):
-        for bx in T.thread_binding(N // ROWS, thread="blockIdx.x"):
+        for bx in T.thread_binding(N // (ROWS * RT), thread="blockIdx.x"):
             for by in T.thread_binding(ytiles(n), thread="blockIdx.y"):
                 red = T.decl_buffer((W * NACC * 32,), "float32", scope="shared")
+                # the used-group list, read every chunk (+ scratch for building it, + decode token bit sets)
+                sused = T.decl_buffer((BITS + G + 1,), "int32", scope="shared")
+                for wy in T.thread_binding(W, thread="threadIdx.y"):
+                    for lane in T.thread_binding(32, thread="threadIdx.x"):
+                        if token_tiles:
+                            for i in range((G + 1 + 32 * W - 1) // (32 * W)):
+                                if i * 32 * W + wy * 32 + lane < G + 1:
+                                    sused[i * 32 * W + wy * 32 + lane] = used[i * 32 * W + wy * 32 + lane]
+                        else:
+                            _used_groups(mask, sused, n, wy, lane, G, W, MT, BITS)
+                T.tvm_storage_sync("shared")
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
                         acc = T.decl_buffer((NACC,), "float32", scope="local")
-                        wreg = T.decl_buffer((U * 16,), "float16", scope="local")
+                        wreg = T.decl_buffer((U * RT * 16,), "float16", scope="local")
                         xreg = T.decl_buffer((U * NT * 8,), "float16", scope="local")
                         af = T.decl_buffer((8,), "float16", scope="local")
                         bf = T.decl_buffer((4,), "float16", scope="local")
@@ -243,39 +384,42 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                         zero = T.decl_buffer((1,), "float16", scope="local")
                         zero[0] = T.float16(0)
                         nch = T.decl_buffer((1,), "int32", scope="local")
-                        nch[0] = used[G] * LPG
+                        nch[0] = sused[G] * LPG
                         for i in T.unroll(NACC):
                             acc[i] = T.float32(0)
                         if nch[0] > 0:
                             for s in range((nch[0] + U * W - 1) // (U * W)):
                                 for u in T.unroll(U):
-                                    greg[u] = used[T.min(chunk(s, u, wy), nch[0] - 1) // LPG]
-                                    for h in T.unroll(2):
-                                        for v in T.vectorized(8):
-                                            wreg[(u * 2 + h) * 8 + v] = w[bx * ROWS + lane // 4 + 8 * h,
-                                                                          kcol(greg[u], s, u, wy, lane, nch[0]) + v]
+                                    greg[u] = sused[T.min(chunk(s, u, wy), nch[0] - 1) // LPG]
+                                    for rt in T.unroll(RT):
+                                        for h in T.unroll(2):
+                                            for v in T.vectorized(8):
+                                                wreg[((u * RT + rt) * 2 + h) * 8 + v] = w[bx * RT + rt, (
+                                                    (kchunk(greg[u], s, u, wy, nch[0]) * 2 + h) * 32 + lane) * 8 + v]
                                     for j in T.unroll(NT):
                                         for v in T.vectorized(8):
                                             xreg[(u * NT + j) * 8 + v] = \
                                                 a[tok(by, j, lane, n), kcol(greg[u], s, u, wy, lane, nch[0]) + v]
-                                        keep[u * NT + j] = T.Select(
-                                            chunk(s, u, wy) < nch[0] and by * MT + j * 8 + lane // 4 < T.Cast("int32", n)
-                                            and mask[tok(by, j, lane, n), greg[u]] != 0, 1, 0)
+                                        keeps(keep, mask, sused, greg[u], s, u, wy, by, j, lane, n, nch[0])
                                 for u in T.unroll(U):
-                                    for j in T.unroll(NT):
-                                        _mma_pair(wreg, xreg, af, bf, acc, u * 16, (u * NT + j) * 8, j * 4,
-                                                  keep[u * NT + j], zero)
+                                    for rt in T.unroll(RT):
+                                        for j in T.unroll(NT):
+                                            _mma_pair(wreg, xreg, af, bf, acc, (u * RT + rt) * 16, (u * NT + j) * 8,
+                                                      (rt * NT + j) * 4, keep[u * NT + j], zero)
+                        # the compiler may place `red` over the (now dead) list: every warp must be done reading it
+                        T.tvm_storage_sync("shared")
                         _share_partials(red, acc, NACC, wy, lane)
                 T.tvm_storage_sync("shared")
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
                         tot = T.decl_buffer((1,), "float32", scope="local")
                         if wy == 0:
-                            for j in T.unroll(NT):
-                                for e in T.unroll(4):
-                                    if by * MT + j * 8 + lane % 4 * 2 + e % 2 < T.Cast("int32", n):
-                                        _sum_over_warps(red, tot, 0, j * 4 + e, W, NACC, lane)
-                                        out[by * MT + j * 8 + lane % 4 * 2 + e % 2,
-                                            bx * ROWS + lane // 4 + 8 * (e // 2)] = T.Cast("float16", tot[0])
+                            for rt in T.unroll(RT):
+                                for j in T.unroll(NT):
+                                    for e in T.unroll(4):
+                                        if by * MT + j * 8 + lane % 4 * 2 + e % 2 < T.Cast("int32", n):
+                                            _sum_over_warps(red, tot, 0, (rt * NT + j) * 4 + e, W, NACC, lane)
+                                            out[by * MT + j * 8 + lane % 4 * 2 + e % 2,
+                                                (bx * RT + rt) * ROWS + lane // 4 + 8 * (e // 2)] = T.Cast("float16", tot[0])
 
     return body

@@ -1,13 +1,16 @@
 """Mask reorder: per group, the count of active tokens and a stable permutation with active tokens first.
 
 `order[g, :counts[g]]` are the active tokens of group g in ascending order, `order[g, counts[g]:]` the
-inactive ones. `used[:used[G]]` lists the groups at least one token executes, ascending (the decode
-GEMV of gemm_k streams only their weights). The block-sparse kernels walk `order` in tiles: a tile
-entirely past `counts[g]` holds no active token and is skipped. Computed on device; no host sort.
+inactive ones. `used[:G]` is a permutation of the groups: the groups at least one token executes first,
+ascending, then the others, ascending; `used[G]` is the number of used groups. gemm_k streams only the
+weights of `used[:used[G]]`; gemm_mn hands its blocks out in `used` order, so the blocks with work are
+dispatched first. The block-sparse kernels walk `order` in tiles: a tile entirely past `counts[g]`
+holds no active token and is skipped. Computed on device; no host sort.
 
-CUDA: up to SERIAL_TOKENS tokens, one block whose thread g partitions group g serially (one launch);
-more tokens, one block per group partitions 256 tokens at a time with a block scan, then one block
-builds the used-group list (the host picks per call). Both are stable and deterministic.
+CUDA: up to SERIAL_TOKENS tokens, one block whose thread g reads its group's mask column as a bit set
+and places every token from popcounts (independent loads, no serial chain; one launch); more tokens,
+one block per group partitions 256 tokens at a time with a block scan, then one block builds the
+used-group list (the host picks per call). Both are stable and deterministic.
 """
 
 from __future__ import annotations
@@ -15,11 +18,21 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
+from .gemv import MAX_TOKENS
+
 SERIAL_TOKENS = 16  # up to this many tokens (decode) one thread per group partitions serially: one launch
 
 
-def mask_reorder(groups: int, target_kind: str) -> tirx.PrimFunc:
-    """mask [n, G] int32 (nonzero = execute) -> counts [G], order [G, n], used [G + 1] (all int32)."""
+def _popc(x):
+    """Set bits of an int32 (CUDA __popc; TVM 0.27 has no CUDA lowering for tirx.popcount)."""
+    return T.call_pure_extern("int32", "__popc", x)
+
+
+def mask_reorder(groups: int, target_kind: str, decode_free: bool = False) -> tirx.PrimFunc:
+    """mask [n, G] int32 (nonzero = execute) -> counts [G], order [G, n], used [G + 1] (all int32).
+
+    `decode_free` (CUDA): every consumer is a tensor-core kernel, whose decode variants (n <= MAX_TOKENS)
+    read the mask themselves; for such n this launches nothing and leaves the outputs unwritten."""
     G = groups
 
     @T.macro
@@ -38,6 +51,21 @@ def mask_reorder(groups: int, target_kind: str) -> tirx.PrimFunc:
                 order[g, cnt[1]] = T.Cast("int32", t)
                 cnt[1] = cnt[1] + 1
 
+    @T.macro
+    def used_permutation_serial(counts, used):
+        """used[:G] = used groups then unused ones (each ascending), used[G] = their count; one thread."""
+        nxt = T.decl_buffer((1,), "int32", scope="local")
+        used[G] = 0
+        for g in range(G):
+            if counts[g] > 0:
+                used[used[G]] = g
+                used[G] = used[G] + 1
+        nxt[0] = used[G]
+        for g in range(G):
+            if counts[g] == 0:
+                used[nxt[0]] = g
+                nxt[0] = nxt[0] + 1
+
     if target_kind == "cuda":
         if G > 1024:
             raise ValueError(f"mask_reorder on CUDA supports at most 1024 groups, got {G}")
@@ -53,13 +81,34 @@ def mask_reorder(groups: int, target_kind: str) -> tirx.PrimFunc:
                 scan[tx] = scan[tx] + reg[1]
                 T.tvm_storage_sync("shared")
 
+        @T.macro
+        def partition_bits(mask, counts, order, g, n, flag):
+            """Group g over n <= SERIAL_TOKENS tokens: the mask column as a bit set (independent loads), then
+            each token's slot from a popcount (active: active tokens before it; inactive: after all active)."""
+            bits = T.decl_buffer((2,), "int32", scope="local")  # bit set, active count
+            mreg = T.decl_buffer((SERIAL_TOKENS,), "int32", scope="local")
+            bits[0] = 0
+            for t in T.unroll(SERIAL_TOKENS):  # clamped loads in their own statements: all in flight at once
+                mreg[t] = mask[T.min(t, T.Cast("int32", n) - 1), g]
+            for t in T.unroll(SERIAL_TOKENS):
+                bits[0] = bits[0] | T.Select(t < T.Cast("int32", n) and mreg[t] != 0, T.shift_left(1, t), 0)
+            bits[1] = _popc(bits[0])
+            for t in T.unroll(SERIAL_TOKENS):
+                if t < T.Cast("int32", n):
+                    if T.bitwise_and(T.shift_right(bits[0], t), 1) != 0:
+                        order[g, _popc(T.bitwise_and(bits[0], T.shift_left(1, t) - 1))] = t
+                    else:
+                        order[g, bits[1] + t - _popc(T.bitwise_and(bits[0], T.shift_left(1, t) - 1))] = t
+            counts[g] = bits[1]
+            flag[0] = T.Select(bits[1] > 0, 1, 0)
+
         PT = 256  # threads of one group's block in the parallel partition
         LOG_PT = 8
 
         @T.macro
         def single_block(mask, counts, order, used, n, partition_too):
-            """One block: thread g partitions group g (serial over tokens, for few tokens) when
-            `partition_too`, then the used-group list by a block scan over counts > 0."""
+            """One block: thread g partitions group g (few tokens) when `partition_too`, then the used-group
+            permutation by a block scan over counts > 0."""
             for bx in T.thread_binding(1, thread="blockIdx.x"):
                 scan = T.decl_buffer((threads,), "int32", scope="shared")
                 for tx in T.thread_binding(threads, thread="threadIdx.x"):
@@ -67,13 +116,17 @@ def mask_reorder(groups: int, target_kind: str) -> tirx.PrimFunc:
                     reg[0] = 0
                     if tx < G:
                         if partition_too:
-                            partition(mask, counts, order, tx, n)
-                        reg[0] = T.Select(counts[tx] > 0, 1, 0)
+                            partition_bits(mask, counts, order, tx, n, reg)
+                        else:
+                            reg[0] = T.Select(counts[tx] > 0, 1, 0)
                     scan[tx] = reg[0]
                     T.tvm_storage_sync("shared")
                     block_scan(scan, reg, tx, log_t)  # of the used flags
-                    if reg[0] != 0:
-                        used[scan[tx] - 1] = tx
+                    if tx < G:
+                        if reg[0] != 0:  # used: after the used groups before it
+                            used[scan[tx] - 1] = tx
+                        else:  # unused: after all used groups, then the unused ones before it
+                            used[scan[threads - 1] + tx - scan[tx]] = tx
                     if tx == threads - 1:
                         used[G] = scan[tx]
 
@@ -119,7 +172,9 @@ def mask_reorder(groups: int, target_kind: str) -> tirx.PrimFunc:
             counts = T.match_buffer(counts_h, (G,), "int32")
             order = T.match_buffer(order_h, (G, n), "int32")
             used = T.match_buffer(used_h, (G + 1,), "int32")
-            if n <= SERIAL_TOKENS:  # decided on the host: few tokens, one launch
+            if decode_free and n <= MAX_TOKENS:  # decided on the host: the decode kernels need no reorder
+                T.evaluate(0)
+            elif n <= SERIAL_TOKENS:  # few tokens, one launch
                 single_block(mask, counts, order, used, n, True)
             else:  # many tokens: one block per group, then the used-group list
                 parallel_partition(mask, counts, order, n)
@@ -137,10 +192,6 @@ def mask_reorder(groups: int, target_kind: str) -> tirx.PrimFunc:
         used = T.match_buffer(used_h, (G + 1,), "int32")
         for g in T.parallel(G):
             partition(mask, counts, order, g, n)
-        used[G] = 0
-        for g in range(G):
-            if counts[g] > 0:
-                used[used[G]] = g
-                used[G] = used[G] + 1
+        used_permutation_serial(counts, used)
 
     return reorder_cpu

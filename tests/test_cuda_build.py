@@ -23,8 +23,9 @@ def _assert_device_code(path):
 
 def test_kernels_build_to_fatbin(tmp_path):
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024})
-    funcs = {"reorder": mask_reorder(112, "cuda"), "mn": gemm_mn(112, 128, 4096, "float16", "kn", True, "cuda"),
-             "k": gemm_k(112, 128, 4096, "float16", "nk", "cuda"), "q": gemm_mn(8, 512, 4096, "float16", "nk", False, "cuda")}
+    funcs = {"reorder": mask_reorder(112, "cuda"), "mn": gemm_mn(112, 128, 4096, "float16", "tc", True, "cuda"),
+             "k": gemm_k(112, 128, 4096, "float16", "tc", "cuda"), "q": gemm_mn(8, 512, 4096, "float16", "tc", False, "cuda"),
+             "mn_kn": gemm_mn(8, 128, 256, "float16", "kn", True, "cuda")}
     mod = tvm.IRModule({name: f.with_attr("global_symbol", name) for name, f in funcs.items()})
     with target:
         tvm.compile(mod, target).export_library(str(tmp_path / "k.so"))
@@ -41,22 +42,24 @@ def test_model_builds_for_cuda(exported, tmp_path):
 
 
 def test_decode_kernels_use_tensor_cores_and_dispatch_on_tokens():
-    """fp16 [N, K] weights get three tensor-core kernels per gated GEMM, picked per call on the host: <= 8
-    tokens, <= 16 tokens, and tiles of 64 sorted tokens; they load 16-byte vectors into registers."""
+    """fp16 weights in tensor-core tiles get four tensor-core kernels per gated GEMM, picked per call on the
+    host: 1 token, <= 8 tokens, <= 16 tokens (each with its own tuned knobs), and tiles of 64 sorted tokens;
+    they load 16-byte vectors into registers."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    for name, func in {"mn": gemm_mn(8, 64, 256, "float16", "nk", True, "cuda"),
-                       "k": gemm_k(8, 64, 256, "float16", "nk", "cuda")}.items():
+    for name, func in {"mn": gemm_mn(8, 64, 256, "float16", "tc", True, "cuda"),
+                       "k": gemm_k(8, 64, 256, "float16", "tc", "cuda")}.items():
         with target:
             lib = tvm.compile(tvm.IRModule({name: func.with_attr("global_symbol", name)}), target)
         src = lib.mod.imports[0].inspect_source()
-        assert src.count("__global__ void") == 2 * 3, name  # declaration + definition: <=8, <=16, token tiles
+        assert src.count("__global__ void") == 2 * 4, name  # declaration + definition: 1, <=8, <=16, token tiles
         assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src, name
         assert "*(uint4*)(wreg_ptr" in src, name  # vectorised weight loads into registers
         assert "__syncthreads()" in src, name  # fixed-order split-K reduction through shared memory
 
 
-def test_decode_kernels_are_only_for_fp16_rows():
-    """fp32, [K, N] weights or group sizes the mma tiles do not fit keep the tiled kernel alone."""
+def test_decode_kernels_are_only_for_fp16_tiles():
+    """fp32, [N, K] / [K, N] weights or group sizes the mma tiles do not fit keep the SIMT tiled kernel alone;
+    asking for tensor-core tiles where they do not exist is an error, not a silent fallback."""
     from wide_tvm.schedules.gemv import supports_k, supports_mn
 
     assert supports_mn(128, 4096, "float16") and supports_k(128, 4096, "float16")
@@ -65,8 +68,13 @@ def test_decode_kernels_are_only_for_fp16_rows():
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     with target:
         lib = tvm.compile(tvm.IRModule({"k": gemm_k(8, 64, 256, "float16", "kn", "cuda").with_attr(
-            "global_symbol", "k")}), target)
+            "global_symbol", "k"), "n": gemm_mn(8, 64, 256, "float16", "nk", True, "cuda").with_attr(
+            "global_symbol", "n")}), target)
     assert "mma.sync" not in lib.mod.imports[0].inspect_source()
+    for bad in (lambda: gemm_k(8, 64, 256, "float32", "tc", "cuda"), lambda: gemm_mn(8, 8, 256, "float16", "tc", True, "cuda"),
+                lambda: gemm_mn(8, 64, 256, "float16", "tc", True, "llvm")):
+        with pytest.raises(ValueError, match="'tc' weight layout"):
+            bad()
 
 
 def test_bench_build_for_cuda(tmp_path):
@@ -82,13 +90,19 @@ def test_bench_build_for_cuda(tmp_path):
     _assert_device_code(tmp_path / "tvm_dense.so")
     spec = json.loads((tmp_path / "bench.json").read_text())
     assert [w["name"] for w in spec["workloads"]] == ["mn", "k"] and spec["sweep"]
+    assert spec["layouts"] == {"mn": "tc", "k": "tc"}  # the benchmark feeds tensor-core tiles, as wide-compile stores
 
 
 def test_mask_reorder_has_serial_and_parallel_paths():
-    """Few tokens: one launch; many tokens: a block per group with a block scan, then the used list."""
+    """Few tokens: one launch; many tokens: a block per group with a block scan, then the used list. When
+    every consumer is a tensor-core kernel (`decode_free`), few tokens launch nothing: those kernels read the
+    mask themselves."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     with target:
-        lib = tvm.compile(tvm.IRModule({"r": mask_reorder(112, "cuda").with_attr("global_symbol", "r")}), target)
+        lib = tvm.compile(tvm.IRModule({"r": mask_reorder(112, "cuda").with_attr("global_symbol", "r"),
+                                        "f": mask_reorder(112, "cuda", decode_free=True).with_attr(
+                                            "global_symbol", "f")}), target)
     src = lib.mod.imports[0].inspect_source()
-    assert src.count("__global__ void") == 2 * 3
+    assert "r_kernel_2(" in src and "f_kernel_1(" in src and "f_kernel_2(" not in src  # 3 kernels, and 2
+    assert src.count("__global__ void") == 2 * (3 + 2)  # (declaration + definition each)
     assert "__syncthreads()" in src

@@ -105,7 +105,8 @@ def test_runtime_only_load(exported, tmp_path):
 
 def test_cpu_down_weights_are_stored_transposed(exported, tmp_path):
     """On the CPU gemm_k reads [K, N] weights (a group's slice is contiguous): the compiler transposes the
-    stored array once; CUDA keeps [N, K] rows for its tensor-core kernels. Results are unchanged."""
+    stored array once; CUDA keeps fp32 weights as [N, K] rows for its SIMT kernels (fp16 ones become
+    tensor-core tiles, tests/test_weight_layout.py). Results are unchanged."""
     path, model, cfg = exported("default", "pt2")
     cpu = wide_tvm.compile(path, "llvm")
     downs = [layer for layer in cpu.layers if layer.kind == "ffn"]

@@ -34,12 +34,12 @@ def test_cpu_kernels_correct_for_every_tile(bm, bn, layout):
         wshape = (groups * gs, dim) if layout == "nk" else (dim, groups * gs)
         wg, wu = (rng.standard_normal(wshape).astype("float32") for _ in range(2))
         out = t(np.full((tokens, groups * gs), np.nan, "float32"))
-        mn(t(x), t(wg), t(wu), t(counts), t(order), out)
+        mn(t(x), t(wg), t(wu), t(mask), t(counts), t(order), t(used), out)
         assert rel_err(out.numpy(), ref_gemm_mn(x, wg, wu, mask, gs, layout, True)) < 1e-5
         a = rng.standard_normal((tokens, groups * gs)).astype("float32")
         w = rng.standard_normal((64, groups * gs) if layout == "nk" else (groups * gs, 64)).astype("float32")
         out = t(np.full((tokens, 64), np.nan, "float32"))
-        k(t(a), t(w), t(mask), t(used), out)
+        k(t(a), t(w), t(mask), t(counts), t(order), t(used), out)
         assert rel_err(out.numpy(), ref_gemm_k(a, w, mask, gs, layout)) < 1e-5
 
 
@@ -87,19 +87,33 @@ def test_tuned_knobs_reach_the_kernels():
     cpu = _State("llvm", {}, None, entries)
     gpu = _State("cuda", {}, None, entries)
     assert _tuned(cpu, "gemm_k", 112, 128, 4096, "float16") == {"cpu_tile": TileConfig(4, 16)}
-    assert _tuned(gpu, "gemm_k", 112, 128, 4096, "float16") == {"decode_knobs": (GemvKnobs(32, 2), GemvKnobs(16, 1))}
+    # a two-bucket log (written before the 1-token bucket) gives its <= 8 knobs to 1 token as well
+    assert _tuned(gpu, "gemm_k", 112, 128, 4096, "float16") == {
+        "decode_knobs": (GemvKnobs(32, 2), GemvKnobs(32, 2), GemvKnobs(16, 1))}
     assert _tuned(gpu, "gemm_k", 112, 128, 2048, "float16") == {}
 
 
 def test_wide_tune_from_gpu_sweep(tmp_path):
-    sweep = {"best": {f"{w}/{b}": {"warps": 8, "unroll": 2, "kernel_us": 40.0 + b} for w in
-                      ("gate_up_g128", "down_g128") for b in (8, 16)}}
+    sweep = {"best": {f"{w}/{b}": {"warps": 8, "unroll": 2 if b > 1 else 4, "rows": 1 + (w == "down_g128"),
+                                    "summed_us": 40.0 + b, "tokens": {1: [1], 8: [4, 8], 16: [16]}[b]}
+                      for w in ("gate_up_g128", "down_g128") for b in (1, 8, 16)}}
     (tmp_path / "sweep.json").write_text(json.dumps(sweep))
     out = str(tmp_path / "cuda")
     assert tune_main(["--target", "cuda", "--from-sweep", str(tmp_path / "sweep.json"), "--out", out]) == 0
     entries = kernel_knobs.load(out)
-    assert entries[kernel_knobs.kernel_key("gemm_mn_swiglu", 112, 128, 4096, "float16")]["decode"] == [[8, 2], [8, 2]]
-    assert kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16") in entries
+    assert entries[kernel_knobs.kernel_key("gemm_mn_swiglu", 112, 128, 4096, "float16")]["decode"] == [
+        [8, 4, 1], [8, 2, 1], [8, 2, 1]]
+    down = entries[kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16")]
+    assert down["decode"] == [[8, 4, 2], [8, 2, 2], [8, 2, 2]] and down["timed_at_tokens"] == [[1], [4, 8], [16]]
+    from wide_tvm.passes.lower_gated import _State, _tuned
+    from wide_tvm.schedules.gemv import GemvKnobs
+
+    assert _tuned(_State("cuda", {}, None, entries), "gemm_k", 112, 128, 4096, "float16") == {
+        "decode_knobs": (GemvKnobs(8, 4, 2), GemvKnobs(8, 2, 2), GemvKnobs(8, 2, 2))}
+    from wide_tvm.bench import workloads
+    from wide_tvm.schedules import gemv
+
+    assert workloads.DECODE_BUCKETS == gemv.DECODE_BUCKETS  # the GPU-side copy of the bucket limits
 
 
 def test_wide_tune_errors(exported, tmp_path, capsys):
@@ -123,3 +137,15 @@ def test_bench_report_table_and_plot(tmp_path):
     assert table.count("\n| gate_up |") == 2 and "| 1.33x |" in table
     png = report.plot(result, str(tmp_path / "p.png"))
     assert open(png, "rb").read(4) == b"\x89PNG"
+
+
+def test_bench_report_renders_a_knob_sweep(tmp_path, capsys):
+    from wide_tvm.cli import bench_main
+
+    rows = [{"workload": "down", "tokens": m, "knobs": k, "kernel_us": t, "rel_err": 3e-4}
+            for m, k, t in ((1, "w16u2", 25.0), (1, "w8u4r2", 40.0), (16, "w16u2", 45.0))]
+    sweep = {"rows": rows, "best": {"down/1": {"knobs": "w16u2"}, "down/16": {"knobs": "w16u2"}}}
+    (tmp_path / "s.json").write_text(json.dumps(sweep))
+    assert bench_main(["report", str(tmp_path / "s.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| down | 1 | 25.0 | 40.0 |" in out and "| down | 16 | 45.0 |  |" in out and "down/1 w16u2" in out

@@ -36,17 +36,20 @@ KERNELS = [
     ("mask_reorder", 6, 0, 0, "int32", ""),
     ("mask_reorder", 112, 0, 0, "int32", ""),
     ("mask_reorder", 448, 0, 0, "int32", ""),
-    # Llama-3.1-8B shapes: <= 16 tokens run the decode GEMV, more the tiled kernels
-    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "nk"),
-    ("gemm_k", 112, 128, 4096, "float16", "nk"),
-    ("gemm_mn_swiglu", 448, 32, 4096, "float16", "nk"),
-    ("gemm_k", 448, 32, 4096, "float16", "nk"),
-    ("gemm_mn", 8, 512, 4096, "float16", "nk"),
-    ("gemm_k", 8, 512, 4096, "float16", "nk"),
+    # Llama-3.1-8B shapes in tensor-core tiles ("tc"): <= 8 and <= 16 tokens run the decode kernels, more
+    # the 64-token tiles
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc"),
+    ("gemm_k", 112, 128, 4096, "float16", "tc"),
+    ("gemm_mn_swiglu", 448, 32, 4096, "float16", "tc"),
+    ("gemm_k", 448, 32, 4096, "float16", "tc"),
+    ("gemm_mn", 8, 512, 4096, "float16", "tc"),
+    ("gemm_k", 8, 512, 4096, "float16", "tc"),
     ("gemm_k", 3, 40, 24, "float32", "nk"),  # odd K chunks: group slices of 40 floats
-    ("gemm_mn_swiglu", 6, 32, 64, "float16", "nk"),  # small fp16 shapes through the decode mma kernels
+    ("gemm_mn_swiglu", 6, 32, 64, "float16", "tc"),  # small fp16 shapes through the tensor-core kernels
+    ("gemm_k", 6, 32, 64, "float16", "tc"),
+    ("gemm_mn", 4, 16, 96, "float16", "tc"),
+    ("gemm_mn_swiglu", 6, 32, 64, "float16", "nk"),  # the same in [N, K]: SIMT tiles
     ("gemm_k", 6, 32, 64, "float16", "nk"),
-    ("gemm_mn", 4, 16, 96, "float16", "nk"),
 ]
 
 

@@ -189,6 +189,9 @@ def bench_main(argv=None) -> int:
             from .bench import report
 
             result = report.load(args.json)
+            if "best" in result:  # a knob sweep
+                print(report.sweep_markdown(result))
+                return 0
             print(report.markdown(result, args.sparsity, args.mask))
             if args.plot:
                 print(f"wrote {report.plot(result, args.plot, args.mask)}")

@@ -7,7 +7,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import kernel_knobs
+from . import kernel_knobs, weight_layout
 from .artifact import atomic_outputs, save_weights
 from .cuda_aot import nvcc_path, prepare_cuda_aot
 from .errors import WideError
@@ -80,6 +80,12 @@ def _tuning_log(target, tuning_log: str | None) -> str | None:
     return str(default) if has else None
 
 
+def _repacked(w, src: str, layout: str):
+    import numpy as np
+
+    return np.ascontiguousarray(weight_layout.pack(w if src == "nk" else w.T, layout))
+
+
 def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa: A001
             dense: bool = False) -> Compiled:
     """Compile a .onnx / .pt2 path or an ExportedProgram for `target` (see `parse_target`).
@@ -104,10 +110,8 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
         lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
         raise WideError(f"{imported.source}: compiling for {tgt.kind.name} failed: "
                         f"{lines[-1] if lines else type(err).__name__}") from None
-    if lower.transposed:  # weights the pass now reads as [K, N]: transpose the stored arrays once, here
-        import numpy as np
-
-        imported.weights = [np.ascontiguousarray(w.T) if name in lower.transposed else w
+    if lower.repacked:  # weights the kernels read in another layout: repack the stored arrays once, here
+        imported.weights = [_repacked(w, *lower.repacked[name]) if name in lower.repacked else w
                             for w, name in zip(imported.weights, imported.weight_names)]
     if not lower.layers and not dense:
         warnings.warn(f"{imported.source}: no router-gated layers found; compiled dense", NoGatedLayersWarning,

@@ -24,14 +24,13 @@ def make_mask(kind: str, tokens: int, groups: int, rng: np.random.Generator, spa
 
 
 def ref_mask_reorder(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(counts [G], order [G, n], used [G + 1]) as the mask_reorder kernel defines them."""
+    """(counts [G], order [G, n], used [G + 1]: used groups, then unused ones, then the used count) as the
+    mask_reorder kernel defines them."""
     counts = (mask != 0).sum(axis=0).astype(np.int32)
     order = np.stack([np.concatenate([np.flatnonzero(col), np.flatnonzero(col == 0)]) for col in mask.T])
     groups = mask.shape[1]
     nz = np.flatnonzero(counts > 0)
-    used = np.zeros(groups + 1, np.int32)
-    used[:nz.size] = nz
-    used[groups] = nz.size
+    used = np.concatenate([nz, np.flatnonzero(counts == 0), [nz.size]]).astype(np.int32)
     return counts, order.astype(np.int32).reshape(groups, mask.shape[0]), used
 
 

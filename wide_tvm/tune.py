@@ -95,12 +95,12 @@ def _cpu_inputs(spec: KernelSpec, tokens: int, sparsity: float, rng):
     k = spec.groups * spec.group_size
     if spec.kind == "gemm_k":
         w = rng.standard_normal((spec.dim, k) if spec.layout == "nk" else (k, spec.dim)).astype(spec.dtype)
-        return [t(rng.standard_normal((tokens, k)).astype(spec.dtype)), t(w), t(mask), t(used),
+        return [t(rng.standard_normal((tokens, k)).astype(spec.dtype)), t(w), t(mask), t(counts), t(order), t(used),
                 t(np.zeros((tokens, spec.dim), spec.dtype))]
     wshape = (k, spec.dim) if spec.layout == "nk" else (spec.dim, k)
     return [t(rng.standard_normal((tokens, spec.dim)).astype(spec.dtype)),
             t(rng.standard_normal(wshape).astype(spec.dtype)), t(rng.standard_normal(wshape).astype(spec.dtype)),
-            t(counts), t(order), t(np.zeros((tokens, k), spec.dtype))]
+            t(mask), t(counts), t(order), t(used), t(np.zeros((tokens, k), spec.dtype))]
 
 
 def time_call(fn, args, reps: int = 5) -> float:
@@ -140,19 +140,20 @@ def from_sweep(path: str) -> dict:
     """Kernel-knob entries from a `wide-bench run --sweep` JSON measured on the GPU."""
     import json
 
-    from .bench.workloads import LLAMA_8B
+    from .bench.workloads import DECODE_BUCKETS, LLAMA_8B
 
     with open(path) as f:
         best = json.load(f)["best"]
     entries = {}
     for w in LLAMA_8B:
-        picks = [best.get(f"{w.name}/{bucket}") for bucket in (8, 16)]
+        picks = [best.get(f"{w.name}/{bucket}") for bucket in DECODE_BUCKETS]
         if None in picks:
             continue
         kind = "gemm_k" if w.kind == "gemm_k" else ("gemm_mn_swiglu" if w.swiglu else "gemm_mn")
         entries[kernel_knobs.kernel_key(kind, w.groups, w.group_size, w.dim, w.dtype)] = {
-            "decode": [[p["warps"], p["unroll"]] for p in picks],
-            "us": [round(p["kernel_us"], 1) for p in picks]}
+            "decode": [[p["warps"], p["unroll"], p.get("rows", 1)] for p in picks],
+            "us": [round(p.get("summed_us", p.get("kernel_us", 0.0)), 1) for p in picks],
+            "timed_at_tokens": [p["tokens"] for p in picks]}
     return entries
 
 
@@ -176,8 +177,12 @@ def tune(model: str | None, target: str, out: str, force: bool = False, sweep: s
     from .targets import parse_target
 
     tgt = parse_target(target)
-    command = (f"wide-tune {model or ''} --target {target} --out {out}" + (f" --from-sweep {sweep}" if sweep else "")
-               + (" --llama8b" if llama8b else ""))
+    import os
+
+    shown_out = os.path.relpath(out) if not os.path.relpath(out).startswith("..") else out
+    command = " ".join(part for part in ("wide-tune", model, "--llama8b" if llama8b else None, "--target", target,
+                                         "--out", shown_out, "--force" if force else None,
+                                         f"--from-sweep {sweep}" if sweep else None) if part)
     if sweep:
         if tgt.kind.name != "cuda":
             raise WideError("--from-sweep imports GPU measurements; use it with a cuda target")

@@ -23,8 +23,16 @@ from ..kernel_knobs import kernel_key  # noqa: E402
 from ..passes import LowerGatedLayers, wide_pipeline  # noqa: E402
 from ..schedules import gemm_k, gemm_mn, mask_reorder  # noqa: E402
 from ..targets import parse_target, target_folder  # noqa: E402
-from ..schedules.gemv import GemvKnobs  # noqa: E402
+from ..schedules.gemv import DECODE_BUCKETS, GemvKnobs, decode_knobs, supports_k, supports_mn  # noqa: E402
 from .workloads import LLAMA_8B, Workload, variants  # noqa: E402
+
+
+def weight_layout_for(w: Workload, target_kind: str) -> str:
+    """The layout wide-compile stores this workload's weights in: tensor-core tiles on CUDA where they fit."""
+    if target_kind != "cuda":
+        return "nk"
+    fits = supports_mn(w.group_size, w.k, w.dtype) if w.kind == "gemm_mn" else supports_k(w.group_size, w.n, w.dtype)
+    return "tc" if fits else "nk"
 
 
 def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None):
@@ -33,12 +41,13 @@ def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None
     entry = (tuned or {}).get(kernel_key(kind, w.groups, w.group_size, w.dim, w.dtype), {})
     extra = {}
     if knobs is not None:
-        extra = {"decode_knobs": (knobs, knobs)}
+        extra = {"decode_knobs": (knobs,) * len(DECODE_BUCKETS)}
     elif "decode" in entry:
-        extra = {"decode_knobs": tuple(GemvKnobs(*wu) for wu in entry["decode"])}
+        extra = {"decode_knobs": decode_knobs(entry["decode"])}
+    layout = weight_layout_for(w, target_kind)
     if w.kind == "gemm_mn":
-        return gemm_mn(w.groups, w.group_size, w.k, w.dtype, "nk", w.swiglu, target_kind, **extra)
-    return gemm_k(w.groups, w.group_size, w.n, w.dtype, "nk", target_kind, **extra)
+        return gemm_mn(w.groups, w.group_size, w.k, w.dtype, layout, w.swiglu, target_kind, **extra)
+    return gemm_k(w.groups, w.group_size, w.n, w.dtype, layout, target_kind, **extra)
 
 
 def our_kernels(workloads: list[Workload], target_kind: str, sweep: bool = False, tuned: dict | None = None) -> dict:
@@ -47,10 +56,11 @@ def our_kernels(workloads: list[Workload], target_kind: str, sweep: bool = False
     funcs = {}
     for w in workloads:
         funcs[w.kernel] = _kernel(w, target_kind, tuned=tuned).with_attr("global_symbol", w.kernel)
-        funcs[w.reorder] = mask_reorder(w.groups, target_kind).with_attr("global_symbol", w.reorder)
+        decode_free = weight_layout_for(w, target_kind) == "tc"  # as LowerGatedLayers emits it for these kernels
+        funcs[w.reorder] = mask_reorder(w.groups, target_kind, decode_free).with_attr("global_symbol", w.reorder)
         if sweep and target_kind == "cuda":
-            for warps, unroll in variants(w):
-                knobs = GemvKnobs(warps, unroll)
+            for v in variants(w):
+                knobs = GemvKnobs(*v)
                 name = f"{w.kernel}_{knobs.name()}"
                 funcs[name] = _kernel(w, target_kind, knobs).with_attr("global_symbol", name)
     return funcs
@@ -86,5 +96,6 @@ def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None =
         tvm.compile(dense_module(workloads), tgt, relax_pipeline=wide_pipeline(tgt, dense)).export_library(
             os.path.join(out_dir, "tvm_dense.so"))
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
-        json.dump({"target": str(tgt), "workloads": [w.to_json() for w in workloads], "sweep": sweep}, f, indent=1)
+        json.dump({"target": str(tgt), "workloads": [w.to_json() for w in workloads], "sweep": sweep,
+                   "layouts": {w.name: weight_layout_for(w, tgt.kind.name) for w in workloads}}, f, indent=1)
     return out_dir

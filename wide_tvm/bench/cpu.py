@@ -56,8 +56,8 @@ def run_cpu(tokens=(1, 16, 64), sparsity: float = 0.5, knobs: dict | None = None
                                 ("dense", np.ones((m, w.groups), np.int32))):
                 counts, order, used = (tvm.runtime.tensor(v) for v in ref_mask_reorder(mask))
                 out = tvm.runtime.tensor(np.zeros((m, w.n), w.dtype))
-                args = ([xtvm, parts[0], parts[1], counts, order, out] if w.kind == "gemm_mn"
-                        else [xtvm, parts[0], tvm.runtime.tensor(mask), used, out])
+                args = ([xtvm, parts[0], parts[1], tvm.runtime.tensor(mask), counts, order, used, out] if w.kind == "gemm_mn"
+                        else [xtvm, parts[0], tvm.runtime.tensor(mask), counts, order, used, out])
                 times[label] = time_call(fn, args)
             row = {"workload": w.name, "tokens": m, "sparsity": sparsity, "torch_us": t_torch, "tvm_dense_us": t_tvm,
                    "ours_us": times["sparse"], "ours_all_active_us": times["dense"],

@@ -13,7 +13,8 @@ import os
 import numpy as np
 
 from ..kernel_reference import make_mask
-from .workloads import MASKS, SPARSITIES, TOKENS, Workload, variants
+from ..weight_layout import pack
+from .workloads import DECODE_BUCKETS, MASKS, SPARSITIES, TOKENS, Workload, knob_name, variants
 
 
 def _timer():
@@ -52,16 +53,17 @@ def _rotating(make, copies: int):
     return nxt
 
 
-def _rotating_weights(w: Workload, l2: int, tv):
-    """Rotating weight sets of `w` (W [n * weights, k] in torch, [W_gate, W_up] or [W] as TVM tensors, W as a
-    TVM tensor), enough copies to exceed the L2 cache three times."""
+def _rotating_weights(w: Workload, l2: int, tv, layout: str = "nk"):
+    """Rotating weight sets of `w` (W [n * weights, k] in torch, [W_gate, W_up] or [W] as TVM tensors in our
+    kernels' `layout`, W as a TVM tensor), enough copies to exceed the L2 cache three times."""
     import torch
 
     copies = max(1, math.ceil(3 * l2 / (w.n * w.k * 2 * w.weights)))
 
     def make(_i):
         wcat = (torch.randn(w.n * w.weights, w.k, device="cuda") / math.sqrt(w.k)).half()
-        return wcat, [tv(v) for v in (wcat[:w.n], wcat[w.n:] if w.swiglu else wcat)], tv(wcat)
+        ours = [pack(v, layout) for v in (wcat[:w.n], wcat[w.n:] if w.swiglu else wcat)]
+        return wcat, [tv(v) for v in ours], tv(wcat)
 
     return _rotating(make, copies)
 
@@ -77,11 +79,11 @@ def _reorder_args(w: Workload, mask, tv) -> list:
 
 
 def _launch(fn, w: Workload, xt, wts, r_args, out) -> None:
-    """One call of a gated kernel: gemm_mn (x, W_gate, W_up, counts, order, out), gemm_k (a, W, mask, used, out)."""
+    """One call of a gated kernel, (x or a, W_gate [, W_up], mask, counts, order, used, out)."""
     if w.kind == "gemm_mn":
-        fn(xt, wts[1][0], wts[1][1], r_args[1], r_args[2], out)
+        fn(xt, wts[1][0], wts[1][1], r_args[0], r_args[1], r_args[2], r_args[3], out)
     else:
-        fn(xt, wts[1][0], r_args[0], r_args[3], out)
+        fn(xt, wts[1][0], r_args[0], r_args[1], r_args[2], r_args[3], out)
 
 
 def device_limits(timer) -> dict:
@@ -137,7 +139,7 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
         w = Workload(**wj)
         if only and w.name not in only:
             continue
-        weights = _rotating_weights(w, l2, tv)
+        weights = _rotating_weights(w, l2, tv, spec.get("layouts", {}).get(w.name, "nk"))
         kernel, reorder = ours[w.kernel], ours[w.reorder]
         for m in tokens:
             x = torch.randn(m, w.k, device="cuda").half()
@@ -156,20 +158,21 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
 
                     t_reorder = timer(lambda: reorder(*r_args))
                     t_kernel = timer(lambda: call(weights()))
+                    t_ours = timer(lambda: (reorder(*r_args), call(weights())))  # both, as a model runs them
                     reorder(*r_args)
                     err = _check(w, x, weights(), mask, out, call)
                     limit = _limit_us(w, m, mask_np, limits)
                     row = {"workload": w.name, "kind": w.kind, "group_size": w.group_size, "tokens": m,
                            "sparsity": sp, "mask": mk, "measured_sparsity": float(1 - mask_np.mean()),
-                           "cublas_us": t_cublas, "tvm_dense_us": t_tvm, "ours_us": t_reorder + t_kernel,
+                           "cublas_us": t_cublas, "tvm_dense_us": t_tvm, "ours_us": t_ours,
                            "kernel_us": t_kernel, "reorder_us": t_reorder, "limit_us": limit,
-                           "speedup_vs_cublas": t_cublas / (t_reorder + t_kernel),
+                           "speedup_vs_cublas": t_cublas / t_ours,
                            "limit_speedup_vs_cublas": t_cublas / limit, "dense_limit_speedup": 1 / (1 - sp),
                            "rel_err": err}
                     rows.append(row)
                     progress(f"{w.name:14s} M={m:5d} s={sp:.2f} {mk:7s} cuBLAS {t_cublas:9.1f} us  TVM dense "
-                             f"{t_tvm:9.1f} us  ours {t_reorder + t_kernel:9.1f} us (reorder {t_reorder:6.1f})  "
-                             f"x{t_cublas / (t_reorder + t_kernel):5.2f}  limit x{t_cublas / limit:5.2f}  err {err:.1e}")
+                             f"{t_tvm:9.1f} us  ours {t_ours:9.1f} us (reorder {t_reorder:6.1f})  "
+                             f"x{t_cublas / t_ours:5.2f}  limit x{t_cublas / limit:5.2f}  err {err:.1e}")
         if json_path:
             with open(json_path, "w") as f:
                 json.dump(result, f, indent=1)
@@ -196,9 +199,14 @@ def _check(w: Workload, x, wts, mask, out, call) -> float:
 
 
 
+def _bucket(m: int) -> int:
+    """The decode bucket (schedules.gemv.DECODE_BUCKETS: 1, 8, 16 tokens) whose kernel runs m tokens."""
+    return next(b for b in DECODE_BUCKETS if m <= b)
+
+
 def sweep(build_dir: str, tokens=(1, 4, 8, 16), sparsity: float = 0.5, progress=print) -> dict:
-    """Time every decode knob candidate (built by `wide-bench build --sweep`) on random masks; pick the
-    fastest per workload and token bucket (<= 8, <= 16)."""
+    """Time every decode knob candidate (built by `wide-bench build --sweep`) on random masks, checking each
+    one's output against torch; pick per workload and token bucket (1, <= 8, <= 16) the least summed time."""
     import torch
     import tvm
 
@@ -212,30 +220,37 @@ def sweep(build_dir: str, tokens=(1, 4, 8, 16), sparsity: float = 0.5, progress=
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     tv = tvm.runtime.from_dlpack
     rng = np.random.default_rng(1)
-    rows, best = [], {}
+    rows, best, totals = [], {}, {}
     for wj in spec["workloads"]:
         w = Workload(**wj)
-        weights = _rotating_weights(w, l2, tv)
+        weights = _rotating_weights(w, l2, tv, spec.get("layouts", {}).get(w.name, "nk"))
         for m in tokens:
             mask = torch.from_numpy(make_mask("random", m, w.groups, rng, sparsity)).cuda()
             r_args = _reorder_args(w, mask, tv)
             ours[w.reorder](*r_args)
-            xt = tv(torch.randn(m, w.k, device="cuda").half())
-            out = tv(torch.empty(m, w.n, dtype=torch.float16, device="cuda"))
-            for warps, unroll in variants(w):
-                knob_name = f"w{warps}u{unroll}"  # GemvKnobs.name(); schedules is not importable here
-                fn = ours[f"{w.kernel}_{knob_name}"]
+            xt_torch = torch.randn(m, w.k, device="cuda").half()
+            out_torch = torch.empty(m, w.n, dtype=torch.float16, device="cuda")
+            xt, out = tv(xt_torch), tv(out_torch)
+            for v in variants(w):
+                name = knob_name(v)  # schedules is not importable here
+                fn = ours[f"{w.kernel}_{name}"]
 
                 def call(fn=fn, r_args=r_args, xt=xt, out=out):
                     _launch(fn, w, xt, weights(), r_args, out)
 
                 t = timer(call)
-                rows.append({"workload": w.name, "tokens": m, "knobs": knob_name, "kernel_us": t})
-                bucket = 8 if m <= 8 else 16
-                key = f"{w.name}/{bucket}"
-                if key not in best or t < best[key]["kernel_us"]:
-                    best[key] = {"knobs": knob_name, "warps": warps, "unroll": unroll, "kernel_us": t, "tokens": m}
+                err = _check(w, xt_torch, weights(), mask, out_torch, lambda wts, fn=fn: _launch(fn, w, xt, wts, r_args, out))
+                if not err < 2e-3:
+                    raise RuntimeError(f"{w.name} {name} at {m} tokens: relative error {err:.1e}")
+                rows.append({"workload": w.name, "tokens": m, "knobs": name, "kernel_us": t, "rel_err": err})
+                total = totals.setdefault(f"{w.name}/{_bucket(m)}", {}).setdefault(name, [v, 0.0, []])
+                total[1] += t
+                total[2].append(m)
             progress(f"{w.name:14s} M={m:3d} " + "  ".join(f"{r['knobs']} {r['kernel_us']:6.1f}"
                                                           for r in rows if r["workload"] == w.name and r["tokens"] == m))
         del weights
+    for key, per_knob in totals.items():  # per token bucket, the knobs with the least summed time over its counts
+        name, (v, t, ms) = min(per_knob.items(), key=lambda kv: kv[1][1])
+        best[key] = {"knobs": name, "warps": v[0], "unroll": v[1], "rows": v[2] if len(v) > 2 else 1,
+                     "summed_us": t, "tokens": ms}
     return {"device": torch.cuda.get_device_name(0), "timer": how, "sparsity": sparsity, "rows": rows, "best": best}

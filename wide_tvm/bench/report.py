@@ -10,7 +10,8 @@ def markdown(result: dict, sparsity: float = 0.5, mask: str = "random") -> str:
     lim = result["limits"]
     lines = [f"Device: {result['device']}; timer: {result['timer']}; measured DRAM bandwidth "
              f"{lim['bandwidth_gbs']:.0f} GB/s, dense fp16 tensor cores {lim['tensor_tflops']:.0f} TFLOP/s. "
-             f"Sparsity {sparsity}, {mask} masks. Times in microseconds; ours includes the mask reorder.", "",
+             f"Sparsity {sparsity}, {mask} masks. Times in microseconds; ours = mask reorder + kernel, timed together "
+             f"(the reorder alone in parentheses).", "",
              "| workload | M | cuBLAS dense | TVM dense | ours (reorder) | ours vs cuBLAS | roofline limit vs cuBLAS "
              "| 1/(1-s) | rel err |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in result["rows"]:
@@ -19,6 +20,20 @@ def markdown(result: dict, sparsity: float = 0.5, mask: str = "random") -> str:
         lines.append(f"| {r['workload']} | {r['tokens']} | {r['cublas_us']:.1f} | {r['tvm_dense_us']:.1f} | "
                      f"{r['ours_us']:.1f} ({r['reorder_us']:.1f}) | {r['speedup_vs_cublas']:.2f}x | "
                      f"{r['limit_speedup_vs_cublas']:.2f}x | {r['dense_limit_speedup']:.2f}x | {r['rel_err']:.1e} |")
+    return "\n".join(lines)
+
+
+def sweep_markdown(result: dict) -> str:
+    """The knob sweep (`wide-bench run --sweep`): kernel microseconds per candidate, and the picks."""
+    rows = result["rows"]
+    knobs = sorted({r["knobs"] for r in rows})
+    lines = ["| workload | M | " + " | ".join(knobs) + " |", "| --- | ---: | " + " | ".join("---:" for _ in knobs) + " |"]
+    for name in dict.fromkeys(r["workload"] for r in rows):
+        for m in sorted({r["tokens"] for r in rows if r["workload"] == name}):
+            cells = {r["knobs"]: r["kernel_us"] for r in rows if r["workload"] == name and r["tokens"] == m}
+            lines.append(f"| {name} | {m} | " + " | ".join(f"{cells[k]:.1f}" if k in cells else "" for k in knobs) + " |")
+    lines += ["", "Picked (least summed time over the bucket's token counts): " + ", ".join(
+        f"{key} {pick['knobs']}" for key, pick in result["best"].items())]
     return "\n".join(lines)
 
 

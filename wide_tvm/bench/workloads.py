@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 TOKENS = (1, 4, 8, 16, 64, 512, 4096)
+DECODE_BUCKETS = (1, 8, 16)  # = schedules.gemv.DECODE_BUCKETS (the GPU host cannot import the kernels)
 SPARSITIES = (0.25, 0.5, 0.75)
 MASKS = ("random", "skewed")
 
@@ -65,10 +66,16 @@ LLAMA_8B = [
 ]
 
 
-# Decode-kernel knob candidates (warps splitting K, K chunks in flight per warp); the sweep times each.
+# Decode-kernel knob candidates (warps splitting K, K chunks in flight per warp[, 16-row tiles per warp]);
+# the sweep times each.
 MN_VARIANTS = ((4, 4), (8, 4), (8, 2), (16, 2), (16, 1))
-K_VARIANTS = ((4, 4), (8, 4), (16, 2), (16, 4), (32, 1), (32, 2))
+K_VARIANTS = ((8, 4), (16, 2), (16, 4), (32, 1), (32, 2), (8, 2, 2), (8, 4, 2), (16, 1, 2), (16, 2, 2))
 
 
 def variants(w: Workload) -> tuple:
     return MN_VARIANTS if w.kind == "gemm_mn" else K_VARIANTS
+
+
+def knob_name(v: tuple) -> str:
+    """GemvKnobs(*v).name(), without importing the kernels (the GPU host runs this from the source tree)."""
+    return f"w{v[0]}u{v[1]}" + (f"r{v[2]}" if len(v) > 2 and v[2] > 1 else "")

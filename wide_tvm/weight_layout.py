@@ -1,0 +1,55 @@
+"""Weight layouts the gated kernels read, and the one-time repacking the compiler applies to stored weights.
+
+* "nk": W [N, K] as exported (a Linear's weight).
+* "kn": W^T [K, N] (CPU gemm_k: a group's K-slice is one contiguous block).
+* "tc": tensor-core fragment tiles [N / 16, 16 * K] (CUDA fp16 kernels). Row tile r holds W[16r : 16r + 16, :]
+  in the order (K chunk c of 32, half h, lane, 8 elements), lane = 4 * g + q carrying
+  W[16r + 8h + g, 32c + 8q : 32c + 8q + 8] -- exactly the 16-byte vector that lane loads into its mma
+  fragment (see schedules/gemv.py). A warp's load of one (c, h) is then 512 contiguous bytes, and a row
+  tile's stream over K is one contiguous 16 * K block, instead of 16 rows 2K bytes apart.
+
+Works on NumPy arrays and torch tensors alike (the GPU benchmark packs torch tensors on the device), and
+imports neither TVM nor the kernels.
+"""
+
+from __future__ import annotations
+
+TC_ROWS = 16  # rows per tile (the mma M)
+TC_CHUNK = 32  # K elements per chunk (4 lanes x 8)
+LAYOUTS = ("nk", "kn", "tc")
+
+
+def _permute(t, axes):
+    return t.permute(*axes) if hasattr(t, "permute") else t.transpose(axes)
+
+
+def pack(w_nk, layout: str):
+    """W [N, K] -> its stored form in `layout` (a new contiguous array/tensor)."""
+    if layout == "nk":
+        return w_nk
+    if layout == "kn":
+        t = _permute(w_nk, (1, 0))
+        return t.contiguous() if hasattr(t, "contiguous") else t.copy()
+    if layout != "tc":
+        raise ValueError(f"unknown weight layout {layout!r}; expected one of {LAYOUTS}")
+    n, k = w_nk.shape
+    if n % TC_ROWS or k % TC_CHUNK:
+        raise ValueError(f"a [{n}, {k}] weight cannot be tiled for tensor cores: N must be a multiple of "
+                         f"{TC_ROWS} and K of {TC_CHUNK}")
+    t = w_nk.reshape(n // TC_ROWS, 2, 8, k // TC_CHUNK, 4, 8)  # (tile, h, g, chunk, q, v)
+    t = _permute(t, (0, 3, 1, 2, 4, 5))  # (tile, chunk, h, g, q, v)
+    return t.reshape(n // TC_ROWS, TC_ROWS * k)
+
+
+def unpack(stored, layout: str, n: int, k: int):
+    """The inverse of `pack`: the stored form back to W [N, K]."""
+    if layout == "nk":
+        return stored
+    if layout == "kn":
+        return _permute(stored, (1, 0))
+    t = stored.reshape(n // TC_ROWS, k // TC_CHUNK, 2, 8, 4, 8)
+    return _permute(t, (0, 2, 3, 1, 4, 5)).reshape(n, k)
+
+
+def stored_shape(layout: str, n: int, k: int) -> tuple[int, int]:
+    return {"nk": (n, k), "kn": (k, n), "tc": (n // TC_ROWS, TC_ROWS * k)}[layout]

@@ -24,7 +24,9 @@ Weights are stored in the "tc" layout (wide_tvm/weight_layout.py): each lane's 1
 sits where a warp load of 512 contiguous bytes fetches it, and a 16-row tile streams as one block.
 
 The warps of a block split K; their partial tiles are summed through shared memory in a fixed order, so
-results are deterministic. K-chunk order inside a warp is fixed as well.
+results are deterministic. K-chunk order inside a warp is fixed as well. Decode weights are loaded straight
+into registers, or (knob `stages`) streamed through a per-warp cp.async ring in shared memory, each lane
+reading back only the bytes it copied (no barrier needed).
 
 Fragment mapping (m16n8k16): lane = 4 * g + q holds, for one 32-wide K chunk, the 16-byte vectors
 W[row g, 8q:8q+8], W[row g+8, 8q:8q+8] and x[token g, 8q:8q+8]. Physical elements 8q + {0,1,2,3} play the
@@ -49,9 +51,11 @@ class GemvKnobs:
     warps: int = 4  # warps per block, splitting K
     unroll: int = 4  # K chunks each warp loads before multiplying
     rows: int = 1  # 16-row tiles per warp (gemv_k): each activation fragment load feeds this many tiles
+    stages: int = 0  # decode: 0 = weights loaded straight into registers; S >= 2 = an S-deep cp.async ring
 
     def name(self) -> str:
-        return f"w{self.warps}u{self.unroll}" + (f"r{self.rows}" if self.rows > 1 else "")
+        return (f"w{self.warps}u{self.unroll}" + (f"r{self.rows}" if self.rows > 1 else "")
+                + (f"s{self.stages}" if self.stages else ""))
 
 
 DECODE_BUCKETS = (1, 8, MAX_TOKENS)  # one decode kernel per bucket, each with its own knobs (1 token: decode)
@@ -94,6 +98,40 @@ def _mma_pair(wreg, xreg, af, bf, acc, w_off, x_off, acc_off, keep, zero):
             bf[e] = T.Select(keep != 0, xreg[x_off + 4 * p + e], zero[0])
         T.ptx_legacy.mma("m16n8k16", "row", "col", "fp16", "fp16", "fp32", af.data, 0, bf.data, 0,
                          acc.data, acc_off, False)
+
+
+SMEM_BYTES = 48 * 1024  # static shared memory per block
+
+
+def _fit_ring(stages: int, unroll: int, warps: int, vec_per_chunk: int, red_bytes) -> tuple[int, int, int]:
+    """(stages, unroll, warps) whose cp.async ring (512 bytes per 16-byte vector per lane group) plus the
+    split-K partials (`red_bytes(warps)`) fit static shared memory: fewer stages first, then unroll, then warps."""
+    while stages and warps * stages * unroll * vec_per_chunk * 512 + red_bytes(warps) > SMEM_BYTES:
+        if stages > 2:
+            stages -= 1
+        elif unroll > 1:
+            unroll //= 2
+        elif warps > 1:
+            warps //= 2
+        else:
+            return 0, unroll, warps
+    return stages, unroll, warps
+
+
+def _ring_at(wy, slot, u, v, lane, stages: int, u_count: int, vec: int):
+    """Offset (halves) in the cp.async ring of lane `lane`'s vector v of chunk u in a warp's slot."""
+    return (((wy * stages + slot) * u_count + u) * vec + v) * 256 + lane * 8
+
+
+@T.macro
+def _ring_issue(ring, w, tile, step, c, u_count, vec, wy, lane, stages, chunk_of):
+    """cp.async one weight matrix's (or row tile's) vectors c * 2 + {0, 1} of one step into ring slot `slot`
+    (16 bytes per lane and vector, straight from the tile layout; no registers held while in flight)."""
+    for u in T.unroll(u_count):
+        for h in T.unroll(2):
+            T.ptx["cp.async.cg.shared.global"](
+                ring.ptr_to([_ring_at(wy, step % stages, u, c * 2 + h, lane, stages, u_count, vec)]),
+                w.ptr_to([tile, ((chunk_of(step, u, wy) * 2 + h) * 32 + lane) * 8]), 16)
 
 
 @T.macro
@@ -168,12 +206,14 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
     MT = max_tokens
     NT = MT // 8
     CH = K // CHUNK
+    NACC = NW * NT * 4
+    direct = not token_tiles
+    S, U, W = _fit_ring(knobs.stages if direct else 0, U, W, NW * 2, lambda w: w * NACC * 32 * 4)
     while CH % (U * W):  # every step loads U full chunks per warp: no bounds branches between the loads
         U, W = (U // 2, W) if U > 1 else (U, W // 2)
     steps = CH // (U * W)
-    NACC = NW * NT * 4
     TPG = gs // ROWS  # row tiles per group
-    direct = not token_tiles
+    VEC = NW * 2  # 16-byte weight vectors per lane and chunk
 
     def nn(n):
         return T.Cast("int32", n)
@@ -190,6 +230,7 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
 
     def ytiles(n):
         return (nn(n) + MT - 1) // MT if token_tiles else 1
+
 
     def col_token(by, j, lane):
         """Token (decode) or reorder slot (token tiles) of this lane's B column j."""
@@ -244,10 +285,32 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
         gid[1] = gid[0] * TPG + bx % TPG
 
     @T.macro
+    def load_x(xreg, x, order, counts, gid, by, s, wy, lane, n):
+        for u in T.unroll(U):
+            for j in T.unroll(NT):
+                for v in T.vectorized(8):
+                    xreg[(u * NT + j) * 8 + v] = x[x_row(order, counts, gid[0], by, j, lane, n), kcol(s, u, wy, lane) + v]
+
+    @T.macro
+    def multiply(wreg, xreg, af, bf, acc, keep, zero):
+        for u in T.unroll(U):
+            for c in T.unroll(NW):
+                for j in T.unroll(NT):
+                    _mma_pair(wreg, xreg, af, bf, acc, (u * NW + c) * 16, (u * NT + j) * 8, (c * NT + j) * 4, keep[j], zero)
+
+    @T.macro
+    def issue(ring, wg, wu, gid, step, wy, lane):
+        _ring_issue(ring, wg, gid[1], step, 0, U, VEC, wy, lane, S, chunk)
+        if swiglu:
+            _ring_issue(ring, wu, gid[1], step, 1, U, VEC, wy, lane, S, chunk)
+        T.ptx["cp.async.commit_group"]()
+
+    @T.macro
     def body(x, wg, wu, mask, counts, order, used, out, n):
         for bx in T.thread_binding(N // ROWS, thread="blockIdx.x"):
             for by in T.thread_binding(ytiles(n), thread="blockIdx.y"):
                 red = T.decl_buffer((W * NACC * 32,), "float32", scope="shared")
+                ring = T.decl_buffer((max(1, W * S * U * VEC * 256),), "float16", scope="shared")
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
                         gid = T.decl_buffer((3,), "int32", scope="local")
@@ -263,26 +326,41 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
                         for a in T.unroll(NACC):
                             acc[a] = T.float32(0)
                         keeps(keep, mask, counts, gid[0], by, lane, n)
-                        if gid[2] != 0 and (direct or cnt(counts, gid[0], n) > by * MT):
-                            for s in range(steps):
-                                for u in T.unroll(U):
-                                    for h in T.unroll(2):
-                                        for v in T.vectorized(8):
-                                            wreg[(u * NW * 2 + h) * 8 + v] = \
-                                                wg[gid[1], ((chunk(s, u, wy) * 2 + h) * 32 + lane) * 8 + v]
-                                        if swiglu:
+                        if S > 0:  # weights through an S-deep cp.async ring, per warp (decode only)
+                            if gid[2] != 0:
+                                for st in T.unroll(S - 1):
+                                    if st < steps:
+                                        issue(ring, wg, wu, gid, st, wy, lane)
+                                    else:
+                                        T.ptx["cp.async.commit_group"]()
+                                for s in range(steps):
+                                    if s + S - 1 < steps:
+                                        issue(ring, wg, wu, gid, s + S - 1, wy, lane)
+                                    else:
+                                        T.ptx["cp.async.commit_group"]()
+                                    T.ptx["cp.async.wait_group"](S - 1)  # step s landed (this lane's own copies)
+                                    for u in T.unroll(U):
+                                        for v2 in T.unroll(VEC):
                                             for v in T.vectorized(8):
-                                                wreg[(u * NW * 2 + 2 + h) * 8 + v] = \
-                                                    wu[gid[1], ((chunk(s, u, wy) * 2 + h) * 32 + lane) * 8 + v]
-                                    for j in T.unroll(NT):
-                                        for v in T.vectorized(8):
-                                            xreg[(u * NT + j) * 8 + v] = \
-                                                x[x_row(order, counts, gid[0], by, j, lane, n), kcol(s, u, wy, lane) + v]
-                                for u in T.unroll(U):
-                                    for c in T.unroll(NW):
-                                        for j in T.unroll(NT):
-                                            _mma_pair(wreg, xreg, af, bf, acc, (u * NW + c) * 16, (u * NT + j) * 8,
-                                                      (c * NT + j) * 4, keep[j], zero)
+                                                wreg[(u * VEC + v2) * 8 + v] = ring[_ring_at(wy, s % S, u, v2, lane, S, U, VEC) + v]
+                                    load_x(xreg, x, order, counts, gid, by, s, wy, lane, n)
+                                    multiply(wreg, xreg, af, bf, acc, keep, zero)
+                        else:
+                            if gid[2] != 0 and (direct or cnt(counts, gid[0], n) > by * MT):
+                                for s in range(steps):
+                                    for u in T.unroll(U):
+                                        for h in T.unroll(2):
+                                            for v in T.vectorized(8):
+                                                wreg[(u * NW * 2 + h) * 8 + v] = \
+                                                    wg[gid[1], ((chunk(s, u, wy) * 2 + h) * 32 + lane) * 8 + v]
+                                            if swiglu:
+                                                for v in T.vectorized(8):
+                                                    wreg[(u * NW * 2 + 2 + h) * 8 + v] = \
+                                                        wu[gid[1], ((chunk(s, u, wy) * 2 + h) * 32 + lane) * 8 + v]
+                                    load_x(xreg, x, order, counts, gid, by, s, wy, lane, n)
+                                    multiply(wreg, xreg, af, bf, acc, keep, zero)
+                        if S > 0:  # the compiler may place `red` over the (now dead) ring
+                            T.tvm_storage_sync("shared")
                         _share_partials(red, acc, NACC, wy, lane)
                 T.tvm_storage_sync("shared")
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
@@ -323,10 +401,12 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
     if N % (ROWS * RT):
         RT = 1
     NACC = RT * NT * 4
-    while W > 1 and W * NACC * 32 * 4 > 48 * 1024:  # the split-K partials must fit static shared memory
+    while W > 1 and W * NACC * 32 * 4 > SMEM_BYTES:  # the split-K partials must fit static shared memory
         W //= 2
-    BITS = G + 1 + W  # where the decode token bit sets start in the shared list buffer
     direct = not token_tiles
+    VEC = RT * 2  # 16-byte weight vectors per lane and chunk
+    S, U, W = _fit_ring(knobs.stages if direct else 0, U, W, VEC, lambda w: w * NACC * 32 * 4 + (2 * G + 2 + w) * 4)
+    BITS = G + 1 + W  # where the decode token bit sets start in the shared list buffer
 
     def chunk(s, u, wy):
         return (s * U + u) * W + wy
@@ -356,6 +436,40 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
         keep[u * NT + j] = T.Select(chunk(s, u, wy) < nch and by * MT + j * 8 + lane // 4 < T.Cast("int32", n)
                                     and keep[u * NT + j] != 0, 1, 0)
 
+    def ring_chunk(sused, s, u, wy, nch):
+        """Tile-layout K chunk of step s's u-th load (through the used-group list)."""
+        return sused[T.min(chunk(s, u, wy), nch - 1) // LPG] * LPG + T.min(chunk(s, u, wy), nch - 1) % LPG
+
+    @T.macro
+    def issue(ring, w, sused, nch, bx, step, wy, lane):
+        """cp.async step `step`'s weight vectors of the RT row tiles into its ring slot (like _ring_issue,
+        with the K chunk taken through the used-group list)."""
+        for u in T.unroll(U):
+            for rt in T.unroll(RT):
+                for h in T.unroll(2):
+                    T.ptx["cp.async.cg.shared.global"](
+                        ring.ptr_to([_ring_at(wy, step % S, u, rt * 2 + h, lane, S, U, VEC)]),
+                        w.ptr_to([bx * RT + rt, ((ring_chunk(sused, step, u, wy, nch) * 2 + h) * 32 + lane) * 8]), 16)
+        T.ptx["cp.async.commit_group"]()
+
+    @T.macro
+    def load_ax(xreg, keep, greg, a, mask, sused, by, s, wy, lane, n, nch):
+        """Activations and token masks of step s (the weights come separately)."""
+        for u in T.unroll(U):
+            greg[u] = sused[T.min(chunk(s, u, wy), nch - 1) // LPG]
+            for j in T.unroll(NT):
+                for v in T.vectorized(8):
+                    xreg[(u * NT + j) * 8 + v] = a[tok(by, j, lane, n), kcol(greg[u], s, u, wy, lane, nch) + v]
+                keeps(keep, mask, sused, greg[u], s, u, wy, by, j, lane, n, nch)
+
+    @T.macro
+    def multiply(wreg, xreg, af, bf, acc, keep, zero):
+        for u in T.unroll(U):
+            for rt in T.unroll(RT):
+                for j in T.unroll(NT):
+                    _mma_pair(wreg, xreg, af, bf, acc, (u * RT + rt) * 16, (u * NT + j) * 8, (rt * NT + j) * 4,
+                              keep[u * NT + j], zero)
+
     @T.macro
     def body(a, w, mask, used, out, n):
         for bx in T.thread_binding(N // (ROWS * RT), thread="blockIdx.x"):
@@ -363,6 +477,7 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                 red = T.decl_buffer((W * NACC * 32,), "float32", scope="shared")
                 # the used-group list, read every chunk (+ scratch for building it, + decode token bit sets)
                 sused = T.decl_buffer((BITS + G + 1,), "int32", scope="shared")
+                ring = T.decl_buffer((max(1, W * S * U * VEC * 256),), "float16", scope="shared")
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
                         if token_tiles:
@@ -387,25 +502,37 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                         nch[0] = sused[G] * LPG
                         for i in T.unroll(NACC):
                             acc[i] = T.float32(0)
-                        if nch[0] > 0:
-                            for s in range((nch[0] + U * W - 1) // (U * W)):
-                                for u in T.unroll(U):
-                                    greg[u] = sused[T.min(chunk(s, u, wy), nch[0] - 1) // LPG]
-                                    for rt in T.unroll(RT):
-                                        for h in T.unroll(2):
+                        if S > 0:  # weights through an S-deep cp.async ring, per warp (decode only)
+                            if nch[0] > 0:
+                                for st in T.unroll(S - 1):
+                                    if st < (nch[0] + U * W - 1) // (U * W):
+                                        issue(ring, w, sused, nch[0], bx, st, wy, lane)
+                                    else:
+                                        T.ptx["cp.async.commit_group"]()
+                                for s in range((nch[0] + U * W - 1) // (U * W)):
+                                    if s + S - 1 < (nch[0] + U * W - 1) // (U * W):
+                                        issue(ring, w, sused, nch[0], bx, s + S - 1, wy, lane)
+                                    else:
+                                        T.ptx["cp.async.commit_group"]()
+                                    T.ptx["cp.async.wait_group"](S - 1)  # step s landed (this lane's own copies)
+                                    for u in T.unroll(U):
+                                        for v2 in T.unroll(VEC):
                                             for v in T.vectorized(8):
-                                                wreg[((u * RT + rt) * 2 + h) * 8 + v] = w[bx * RT + rt, (
-                                                    (kchunk(greg[u], s, u, wy, nch[0]) * 2 + h) * 32 + lane) * 8 + v]
-                                    for j in T.unroll(NT):
-                                        for v in T.vectorized(8):
-                                            xreg[(u * NT + j) * 8 + v] = \
-                                                a[tok(by, j, lane, n), kcol(greg[u], s, u, wy, lane, nch[0]) + v]
-                                        keeps(keep, mask, sused, greg[u], s, u, wy, by, j, lane, n, nch[0])
-                                for u in T.unroll(U):
-                                    for rt in T.unroll(RT):
-                                        for j in T.unroll(NT):
-                                            _mma_pair(wreg, xreg, af, bf, acc, (u * RT + rt) * 16, (u * NT + j) * 8,
-                                                      (rt * NT + j) * 4, keep[u * NT + j], zero)
+                                                wreg[(u * VEC + v2) * 8 + v] = ring[_ring_at(wy, s % S, u, v2, lane, S, U, VEC) + v]
+                                    load_ax(xreg, keep, greg, a, mask, sused, by, s, wy, lane, n, nch[0])
+                                    multiply(wreg, xreg, af, bf, acc, keep, zero)
+                        else:
+                            if nch[0] > 0:
+                                for s in range((nch[0] + U * W - 1) // (U * W)):
+                                    for u in T.unroll(U):
+                                        for rt in T.unroll(RT):
+                                            for h in T.unroll(2):
+                                                for v in T.vectorized(8):
+                                                    wreg[((u * RT + rt) * 2 + h) * 8 + v] = w[bx * RT + rt, ((kchunk(
+                                                        sused[T.min(chunk(s, u, wy), nch[0] - 1) // LPG], s, u, wy,
+                                                        nch[0]) * 2 + h) * 32 + lane) * 8 + v]
+                                    load_ax(xreg, keep, greg, a, mask, sused, by, s, wy, lane, n, nch[0])
+                                    multiply(wreg, xreg, af, bf, acc, keep, zero)
                         # the compiler may place `red` over the (now dead) list: every warp must be done reading it
                         T.tvm_storage_sync("shared")
                         _share_partials(red, acc, NACC, wy, lane)

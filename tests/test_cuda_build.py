@@ -57,6 +57,24 @@ def test_decode_kernels_use_tensor_cores_and_dispatch_on_tokens():
         assert "__syncthreads()" in src, name  # fixed-order split-K reduction through shared memory
 
 
+def test_decode_knobs_cp_async_ring_and_row_tiles():
+    """The `stages` knob streams decode weights through a cp.async ring; rings that would overflow static shared
+    memory shrink (stages, then unroll, then warps) instead of failing to build."""
+    from wide_tvm.schedules.gemv import SMEM_BYTES, GemvKnobs, _fit_ring
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    kn = (GemvKnobs(8, 2, 1, 3), GemvKnobs(8, 2, 2, 4), GemvKnobs(4, 4, 1, 4))
+    with target:
+        lib = tvm.compile(tvm.IRModule({"mn": gemm_mn(8, 64, 256, "float16", "tc", True, "cuda", decode_knobs=kn)
+                                        .with_attr("global_symbol", "mn"),
+                                        "k": gemm_k(8, 64, 256, "float16", "tc", "cuda", decode_knobs=kn)
+                                        .with_attr("global_symbol", "k")}), target)
+    src = lib.mod.imports[0].inspect_source()
+    assert "cp.async.cg.shared.global" in src and "cp.async.wait_group" in src
+    stages, unroll, warps = _fit_ring(4, 4, 16, 4, lambda w: w * 1024)
+    assert warps * stages * unroll * 4 * 512 + warps * 1024 <= SMEM_BYTES and stages >= 2
+
+
 def test_decode_kernels_are_only_for_fp16_tiles():
     """fp32, [N, K] / [K, N] weights or group sizes the mma tiles do not fit keep the SIMT tiled kernel alone;
     asking for tensor-core tiles where they do not exist is an error, not a silent fallback."""

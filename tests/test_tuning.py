@@ -102,9 +102,9 @@ def test_wide_tune_from_gpu_sweep(tmp_path):
     assert tune_main(["--target", "cuda", "--from-sweep", str(tmp_path / "sweep.json"), "--out", out]) == 0
     entries = kernel_knobs.load(out)
     assert entries[kernel_knobs.kernel_key("gemm_mn_swiglu", 112, 128, 4096, "float16")]["decode"] == [
-        [8, 4, 1], [8, 2, 1], [8, 2, 1]]
+        [8, 4, 1, 0], [8, 2, 1, 0], [8, 2, 1, 0]]
     down = entries[kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16")]
-    assert down["decode"] == [[8, 4, 2], [8, 2, 2], [8, 2, 2]] and down["timed_at_tokens"] == [[1], [4, 8], [16]]
+    assert down["decode"] == [[8, 4, 2, 0], [8, 2, 2, 0], [8, 2, 2, 0]] and down["timed_at_tokens"] == [[1], [4, 8], [16]]
     from wide_tvm.passes.lower_gated import _State, _tuned
     from wide_tvm.schedules.gemv import GemvKnobs
 
@@ -149,3 +149,12 @@ def test_bench_report_renders_a_knob_sweep(tmp_path, capsys):
     assert bench_main(["report", str(tmp_path / "s.json")]) == 0
     out = capsys.readouterr().out
     assert "| down | 1 | 25.0 | 40.0 |" in out and "| down | 16 | 45.0 |  |" in out and "down/1 w16u2" in out
+
+
+def test_sweep_knob_names_match_the_kernels():
+    """The GPU host names sweep kernels without importing the schedules: both spellings must agree."""
+    from wide_tvm.bench.workloads import K_VARIANTS, MN_VARIANTS, knob_name
+    from wide_tvm.schedules.gemv import GemvKnobs
+
+    for v in K_VARIANTS + MN_VARIANTS:
+        assert knob_name(v) == GemvKnobs(*v).name()

@@ -24,6 +24,7 @@ from wide_tvm.frontends.hf_checkpoint import load_wide_checkpoint  # noqa: E402
 from wide_tvm.model import WideConfig, build_example, example_inputs  # noqa: E402
 from wide_tvm.tiny_checkpoint import LORA_ALPHA, write_tiny_checkpoint  # noqa: E402
 from wide_tvm.schedules import gemm_k, gemm_mn, mask_reorder  # noqa: E402
+from wide_tvm.schedules.gemv import DECODE_BUCKETS, GemvKnobs  # noqa: E402
 
 KERNELS = [
     # (kind, groups, group_size, other_dim, dtype, layout)
@@ -50,15 +51,22 @@ KERNELS = [
     ("gemm_mn", 4, 16, 96, "float16", "tc"),
     ("gemm_mn_swiglu", 6, 32, 64, "float16", "nk"),  # the same in [N, K]: SIMT tiles
     ("gemm_k", 6, 32, 64, "float16", "nk"),
+    # decode knob paths the defaults do not take: cp.async weight rings (stages), two row tiles per warp
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", (8, 1, 1, 2)),
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", (4, 1, 1, 4)),
+    ("gemm_k", 112, 128, 4096, "float16", "tc", (16, 1, 1, 2)),
+    ("gemm_k", 448, 32, 4096, "float16", "tc", (16, 2, 2, 0)),
+    ("gemm_k", 6, 32, 64, "float16", "tc", (4, 2, 2, 4)),
 ]
 
 
-def kernel_func(kind, g, gs, dim, dtype, layout):
+def kernel_func(kind, g, gs, dim, dtype, layout, knobs=None):
     if kind == "mask_reorder":
         return mask_reorder(g, "cuda")
+    extra = {"decode_knobs": (GemvKnobs(*knobs),) * len(DECODE_BUCKETS)} if knobs else {}
     if kind == "gemm_k":
-        return gemm_k(g, gs, dim, dtype, layout, "cuda")
-    return gemm_mn(g, gs, dim, dtype, layout, kind == "gemm_mn_swiglu", "cuda")
+        return gemm_k(g, gs, dim, dtype, layout, "cuda", **extra)
+    return gemm_mn(g, gs, dim, dtype, layout, kind == "gemm_mn_swiglu", "cuda", **extra)
 
 
 def main(out_dir: str) -> None:
@@ -91,7 +99,7 @@ def main(out_dir: str) -> None:
         name = f"k{i}_{spec[0]}"
         funcs[name] = kernel_func(*spec).with_attr("global_symbol", name)
         specs.append({"name": name, "kind": spec[0], "groups": spec[1], "group_size": spec[2], "dim": spec[3],
-                      "dtype": spec[4], "layout": spec[5]})
+                      "dtype": spec[4], "layout": spec[5], "knobs": GemvKnobs(*spec[6]).name() if len(spec) > 6 else ""})
     with target:
         tvm.compile(tvm.IRModule(funcs), target).export_library(os.path.join(out_dir, "kernels.so"))
     with open(os.path.join(out_dir, "kernels.json"), "w") as f:

@@ -129,7 +129,8 @@ def check_kernels(build_dir: str, rows: list) -> None:
                         out = torch.full((t, g * gs), float("nan"), dtype=getattr(torch, dtype), device="cuda")
                         fn(tv(x), tv(stored(wg)), tv(stored(wu)), tv(mask), tv(rc), tv(ro), tv(ru), tv(out))
                         outs.append(out)
-                rows.append({"what": f"{spec['name']} g{g}x{gs} {dtype} {layout}", "tokens": t, "mask": kind,
+                rows.append({"what": f"{spec['name']} g{g}x{gs} {dtype} {layout} {spec.get('knobs', '')}".rstrip(),
+                             "tokens": t, "mask": kind,
                              "rel_err": _rel(outs[0], ref), "deterministic": bool(torch.equal(*outs))})
 
 

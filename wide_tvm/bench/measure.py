@@ -252,5 +252,5 @@ def sweep(build_dir: str, tokens=(1, 4, 8, 16), sparsity: float = 0.5, progress=
     for key, per_knob in totals.items():  # per token bucket, the knobs with the least summed time over its counts
         name, (v, t, ms) = min(per_knob.items(), key=lambda kv: kv[1][1])
         best[key] = {"knobs": name, "warps": v[0], "unroll": v[1], "rows": v[2] if len(v) > 2 else 1,
-                     "summed_us": t, "tokens": ms}
+                     "stages": v[3] if len(v) > 3 else 0, "summed_us": t, "tokens": ms}
     return {"device": torch.cuda.get_device_name(0), "timer": how, "sparsity": sparsity, "rows": rows, "best": best}

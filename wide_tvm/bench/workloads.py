@@ -66,10 +66,11 @@ LLAMA_8B = [
 ]
 
 
-# Decode-kernel knob candidates (warps splitting K, K chunks in flight per warp[, 16-row tiles per warp]);
-# the sweep times each.
-MN_VARIANTS = ((4, 4), (8, 4), (8, 2), (16, 2), (16, 1))
-K_VARIANTS = ((8, 4), (16, 2), (16, 4), (32, 1), (32, 2), (8, 2, 2), (8, 4, 2), (16, 1, 2), (16, 2, 2))
+# Decode-kernel knob candidates (warps splitting K, K chunks per warp and step[, 16-row tiles per warp[,
+# cp.async ring stages]]); the sweep times each.
+MN_VARIANTS = ((4, 4), (8, 4), (8, 2), (16, 2), (16, 1), (4, 1, 1, 4), (4, 2, 1, 2), (8, 1, 1, 2), (2, 2, 1, 4))
+K_VARIANTS = ((8, 4), (16, 2), (16, 4), (32, 1), (32, 2), (8, 2, 2), (16, 2, 2), (16, 1, 1, 2), (8, 1, 1, 4),
+              (8, 2, 1, 2), (4, 2, 1, 4))
 
 
 def variants(w: Workload) -> tuple:
@@ -78,4 +79,5 @@ def variants(w: Workload) -> tuple:
 
 def knob_name(v: tuple) -> str:
     """GemvKnobs(*v).name(), without importing the kernels (the GPU host runs this from the source tree)."""
-    return f"w{v[0]}u{v[1]}" + (f"r{v[2]}" if len(v) > 2 and v[2] > 1 else "")
+    return (f"w{v[0]}u{v[1]}" + (f"r{v[2]}" if len(v) > 2 and v[2] > 1 else "")
+            + (f"s{v[3]}" if len(v) > 3 and v[3] else ""))

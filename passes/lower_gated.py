@@ -154,13 +154,13 @@ def _repack(state: _State, weight, layout: str, want: str):
     return new if have == want else None
 
 
-def _kernel_layout(state: _State, weights: list, layout: str, tensor_cores: bool):
-    """(weights, layout) the kernel reads: tensor-core tiles on CUDA when the shape has them, [K, N] for
-    CPU gemm_k (`tensor_cores` is None for gemm_mn on CPU: kept as is), else unchanged."""
+def _kernel_layout(state: _State, weights: list, layout: str, tensor_cores: bool, cpu_kn: bool = False):
+    """(weights, layout) the kernel reads: tensor-core tiles on CUDA when the shape has them (`tensor_cores`),
+    [K, N] on the CPU where the kernel wants it (`cpu_kn`: gemm_k), else unchanged."""
     want = None
     if state.target_kind == "cuda" and tensor_cores:
         want = "tc"
-    elif state.target_kind == "llvm" and tensor_cores is None and layout == "nk":
+    elif state.target_kind == "llvm" and cpu_kn and layout == "nk":
         want = "kn"
     if want is None:
         return weights, layout
@@ -174,8 +174,8 @@ def _gemm_k_plan(state: _State, weight_expr, info: MaskInfo, dtype: str):
     n_dim, k_dim = _weight_dims(weight, layout)
     if k_dim != info.groups * info.group_size or str(weight.ty.dtype) != dtype:
         return None
-    tensor_cores = supports_k(info.group_size, n_dim, dtype) if state.target_kind == "cuda" else None
-    (weight,), layout = _kernel_layout(state, [weight], layout, tensor_cores)
+    (weight,), layout = _kernel_layout(state, [weight], layout, supports_k(info.group_size, n_dim, dtype),
+                                       cpu_kn=True)
     return weight, layout, n_dim
 
 
@@ -186,7 +186,8 @@ def _gemm_k_call(state: _State, a2, tokens, dtype: str, plan, info: MaskInfo, re
     extra = _tuned(state, "gemm_k", info.groups, info.group_size, n_dim, dtype)
     gv = state.kernel(name, lambda: gemm_k(info.groups, info.group_size, n_dim, dtype, layout, state.target_kind,
                                            **extra))
-    y = relax.call_tir(gv, [a2, weight, _flat_mask(info, tokens), *(relax.TupleGetItem(reorder, i) for i in range(3))],
+    reordered = [relax.TupleGetItem(reorder, i) for i in range(3)]  # counts, order, used
+    y = relax.call_tir(gv, [a2, weight, _flat_mask(info, tokens), *reordered],
                        out_ty=relax.TensorType([tokens, n_dim], dtype))
     return relax.op.reshape(y, out_expr.ty.shape), (name, weight)
 
@@ -217,8 +218,7 @@ def _rewrite_ffn(state: _State, pat):
         down_plan = _gemm_k_plan(state, m[pat.proj.weight], info, dtype)
         if down_plan is None:
             return expr
-        if state.target_kind == "cuda":
-            (wg, wu), lg = _kernel_layout(state, [wg, wu], lg, supports_mn(gs, hidden, dtype))
+        (wg, wu), lg = _kernel_layout(state, [wg, wu], lg, supports_mn(gs, hidden, dtype))
         reorder_name, reorder = _reorder_call(state, info, tokens, lg == "tc" and down_plan[1] == "tc")
         mn_name = f"wide_gemm_mn_swiglu_g{G}x{gs}_k{hidden}_{dtype}_{lg}"
         extra = _tuned(state, "gemm_mn_swiglu", G, gs, hidden, dtype)
@@ -278,9 +278,11 @@ def _replace_params(func: relax.Function, repacked: dict) -> relax.Function:
     body = func.body
     still_used = [p for p in repacked if any(p.same_as(v) for v in relax.analysis.free_vars(body))]
     if still_used:
-        back = relax.BindingBlock([relax.VarBinding(p, _original_from(repacked[p][0], repacked[p][1], repacked[p][2],
-                                                                      *_weight_dims(p, repacked[p][1])))
-                                   for p in still_used])
+        bindings = []
+        for p in still_used:
+            new, src, have = repacked[p]
+            bindings.append(relax.VarBinding(p, _original_from(new, src, have, *_weight_dims(p, src))))
+        back = relax.BindingBlock(bindings)
         body = relax.SeqExpr([back, *body.blocks], body.body)
     return relax.Function(params, body, func.ret_ty, func.is_pure, func.attrs)
 

@@ -14,7 +14,8 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..weight_layout import stored_shape
-from .gemv import DECODE_BUCKETS, DEFAULT_DECODE, MAX_TOKENS, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, gemv_k_body, supports_k
+from .gemv import (DECODE_BUCKETS, DEFAULT_DECODE, MAX_TOKENS, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, gemv_k_body,
+                   supports_k)
 from .tiles import TileConfig, tile_config
 from .weights import check_layout, weight_loader
 

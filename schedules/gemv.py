@@ -135,6 +135,16 @@ def _ring_issue(ring, w, tile, step, c, u_count, vec, wy, lane, stages, chunk_of
 
 
 @T.macro
+def _ring_read(wreg, ring, wy, step, lane, stages, u_count, vec):
+    """Step `step`'s weight vectors back from this warp's ring slot into registers, after its wait_group
+    (each lane reads only the bytes it copied itself, so no barrier is needed)."""
+    for u in T.unroll(u_count):
+        for v2 in T.unroll(vec):
+            for v in T.vectorized(8):
+                wreg[(u * vec + v2) * 8 + v] = ring[_ring_at(wy, step % stages, u, v2, lane, stages, u_count, vec) + v]
+
+
+@T.macro
 def _share_partials(red, acc, nacc, wy, lane):
     """Each warp's partial tile into shared memory, for the fixed-order split-K sum."""
     for a in T.unroll(nacc):
@@ -289,14 +299,16 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
         for u in T.unroll(U):
             for j in T.unroll(NT):
                 for v in T.vectorized(8):
-                    xreg[(u * NT + j) * 8 + v] = x[x_row(order, counts, gid[0], by, j, lane, n), kcol(s, u, wy, lane) + v]
+                    xreg[(u * NT + j) * 8 + v] = x[x_row(order, counts, gid[0], by, j, lane, n),
+                                                   kcol(s, u, wy, lane) + v]
 
     @T.macro
     def multiply(wreg, xreg, af, bf, acc, keep, zero):
         for u in T.unroll(U):
             for c in T.unroll(NW):
                 for j in T.unroll(NT):
-                    _mma_pair(wreg, xreg, af, bf, acc, (u * NW + c) * 16, (u * NT + j) * 8, (c * NT + j) * 4, keep[j], zero)
+                    _mma_pair(wreg, xreg, af, bf, acc, (u * NW + c) * 16, (u * NT + j) * 8, (c * NT + j) * 4,
+                              keep[j], zero)
 
     @T.macro
     def issue(ring, wg, wu, gid, step, wy, lane):
@@ -338,11 +350,8 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
                                         issue(ring, wg, wu, gid, s + S - 1, wy, lane)
                                     else:
                                         T.ptx["cp.async.commit_group"]()
-                                    T.ptx["cp.async.wait_group"](S - 1)  # step s landed (this lane's own copies)
-                                    for u in T.unroll(U):
-                                        for v2 in T.unroll(VEC):
-                                            for v in T.vectorized(8):
-                                                wreg[(u * VEC + v2) * 8 + v] = ring[_ring_at(wy, s % S, u, v2, lane, S, U, VEC) + v]
+                                    T.ptx["cp.async.wait_group"](S - 1)  # step s landed
+                                    _ring_read(wreg, ring, wy, s, lane, S, U, VEC)
                                     load_x(xreg, x, order, counts, gid, by, s, wy, lane, n)
                                     multiply(wreg, xreg, af, bf, acc, keep, zero)
                         else:
@@ -374,7 +383,8 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
                                     if out_token(by, j, e, lane) < (nn(n) if direct else cnt(counts, g[0], n)):
                                         for c in T.unroll(NW):
                                             _sum_over_warps(red, tot, c, (c * NT + j) * 4 + e, W, NACC, lane)
-                                        out[out_row(order, g[0], by, j, e, lane), g[1] * ROWS + lane // 4 + 8 * (e // 2)] = \
+                                        out[out_row(order, g[0], by, j, e, lane),
+                                            g[1] * ROWS + lane // 4 + 8 * (e // 2)] = \
                                             gated(mask, g[0], by, j, e, lane, T.Cast(
                                                 "float16", (tot[0] * T.sigmoid(tot[0]) * tot[1]) if swiglu else tot[0]))
                         if not direct:
@@ -405,7 +415,8 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
         W //= 2
     direct = not token_tiles
     VEC = RT * 2  # 16-byte weight vectors per lane and chunk
-    S, U, W = _fit_ring(knobs.stages if direct else 0, U, W, VEC, lambda w: w * NACC * 32 * 4 + (2 * G + 2 + w) * 4)
+    S, U, W = _fit_ring(knobs.stages if direct else 0, U, W, VEC,
+                        lambda w: w * NACC * 32 * 4 + (2 * G + 2 + w) * 4)  # + the used list and bit sets
     BITS = G + 1 + W  # where the decode token bit sets start in the shared list buffer
 
     def chunk(s, u, wy):
@@ -423,6 +434,10 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
 
     def tok(by, j, lane, n):
         return T.min(by * MT + j * 8 + lane // 4, T.Cast("int32", n) - 1)
+
+    def nsteps(nch):
+        """Steps of U chunks per warp that cover the nch used K chunks."""
+        return (nch + U * W - 1) // (U * W)
 
     @T.macro
     def keeps(keep, mask, sused, g, s, u, wy, by, j, lane, n, nch):
@@ -449,7 +464,8 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                 for h in T.unroll(2):
                     T.ptx["cp.async.cg.shared.global"](
                         ring.ptr_to([_ring_at(wy, step % S, u, rt * 2 + h, lane, S, U, VEC)]),
-                        w.ptr_to([bx * RT + rt, ((ring_chunk(sused, step, u, wy, nch) * 2 + h) * 32 + lane) * 8]), 16)
+                        w.ptr_to([bx * RT + rt, ((ring_chunk(sused, step, u, wy, nch) * 2 + h) * 32 + lane) * 8]),
+                        16)
         T.ptx["cp.async.commit_group"]()
 
     @T.macro
@@ -505,25 +521,22 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                         if S > 0:  # weights through an S-deep cp.async ring, per warp (decode only)
                             if nch[0] > 0:
                                 for st in T.unroll(S - 1):
-                                    if st < (nch[0] + U * W - 1) // (U * W):
+                                    if st < nsteps(nch[0]):
                                         issue(ring, w, sused, nch[0], bx, st, wy, lane)
                                     else:
                                         T.ptx["cp.async.commit_group"]()
-                                for s in range((nch[0] + U * W - 1) // (U * W)):
-                                    if s + S - 1 < (nch[0] + U * W - 1) // (U * W):
+                                for s in range(nsteps(nch[0])):
+                                    if s + S - 1 < nsteps(nch[0]):
                                         issue(ring, w, sused, nch[0], bx, s + S - 1, wy, lane)
                                     else:
                                         T.ptx["cp.async.commit_group"]()
-                                    T.ptx["cp.async.wait_group"](S - 1)  # step s landed (this lane's own copies)
-                                    for u in T.unroll(U):
-                                        for v2 in T.unroll(VEC):
-                                            for v in T.vectorized(8):
-                                                wreg[(u * VEC + v2) * 8 + v] = ring[_ring_at(wy, s % S, u, v2, lane, S, U, VEC) + v]
+                                    T.ptx["cp.async.wait_group"](S - 1)  # step s landed
+                                    _ring_read(wreg, ring, wy, s, lane, S, U, VEC)
                                     load_ax(xreg, keep, greg, a, mask, sused, by, s, wy, lane, n, nch[0])
                                     multiply(wreg, xreg, af, bf, acc, keep, zero)
                         else:
                             if nch[0] > 0:
-                                for s in range((nch[0] + U * W - 1) // (U * W)):
+                                for s in range(nsteps(nch[0])):
                                     for u in T.unroll(U):
                                         for rt in T.unroll(RT):
                                             for h in T.unroll(2):
@@ -547,6 +560,7 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                                         if by * MT + j * 8 + lane % 4 * 2 + e % 2 < T.Cast("int32", n):
                                             _sum_over_warps(red, tot, 0, (rt * NT + j) * 4 + e, W, NACC, lane)
                                             out[by * MT + j * 8 + lane % 4 * 2 + e % 2,
-                                                (bx * RT + rt) * ROWS + lane // 4 + 8 * (e // 2)] = T.Cast("float16", tot[0])
+                                                (bx * RT + rt) * ROWS + lane // 4 + 8 * (e // 2)] = \
+                                                T.Cast("float16", tot[0])
 
     return body

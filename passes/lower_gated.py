@@ -16,9 +16,9 @@ from tvm.relax.dpl import rewrite_call
 
 from ..kernel_knobs import kernel_key
 from ..schedules import gemm_k, gemm_mn, mask_reorder
-from ..schedules.gemv import decode_knobs, supports_k, supports_mn
+from ..schedules.gemv import DIRECT_TOKENS, decode_knobs, supports_k, supports_mn
 from ..weight_layout import TC_CHUNK, TC_ROWS, stored_shape
-from ..schedules.tiles import TileConfig
+from ..schedules.tiles import tiles_from_log
 from ..schedules.root_block import with_root_block
 from .mask_analysis import MaskInfo, analyse_mask, op_name, resolve
 from .patterns import gated_projection, gated_swiglu_ffn
@@ -123,16 +123,16 @@ def _tuned(state: _State, kind: str, groups: int, group_size: int, dim: int, dty
     if state.target_kind == "cuda" and "decode" in entry:
         return {"decode_knobs": decode_knobs(entry["decode"])}
     if state.target_kind == "llvm" and "cpu" in entry:
-        return {"cpu_tile": TileConfig(**entry["cpu"])}
+        return {"cpu_tile": tiles_from_log(entry["cpu"])}
     return {}
 
 
-def _reorder_call(state: _State, info: MaskInfo, tokens, decode_free: bool):
-    """(kernel name, call) of the mask reorder: counts [G], order [G, tokens], used [G + 1]. `decode_free`
-    when every consumer is a tensor-core kernel: those read the mask itself at decode token counts."""
+def _reorder_call(state: _State, info: MaskInfo, tokens, direct_tokens: int):
+    """(kernel name, call) of the mask reorder: counts [G], order [G, tokens], used [G + 1]. `direct_tokens`:
+    up to this many tokens every consumer reads the mask itself (tensor-core direct kernels), so it runs nothing."""
     G = info.groups
-    name = f"wide_mask_reorder_g{G}" + ("_tc" if decode_free else "")
-    gv = state.kernel(name, lambda: mask_reorder(G, state.target_kind, decode_free))
+    name = f"wide_mask_reorder_g{G}" + (f"_d{direct_tokens}" if direct_tokens else "")
+    gv = state.kernel(name, lambda: mask_reorder(G, state.target_kind, direct_tokens))
     call = relax.call_tir(gv, [_flat_mask(info, tokens)],
                           out_ty=[relax.TensorType([G], "int32"), relax.TensorType([G, tokens], "int32"),
                                   relax.TensorType([G + 1], "int32")])
@@ -219,7 +219,9 @@ def _rewrite_ffn(state: _State, pat):
         if down_plan is None:
             return expr
         (wg, wu), lg = _kernel_layout(state, [wg, wu], lg, supports_mn(gs, hidden, dtype))
-        reorder_name, reorder = _reorder_call(state, info, tokens, lg == "tc" and down_plan[1] == "tc")
+        both_tc = lg == "tc" and down_plan[1] == "tc"
+        reorder_name, reorder = _reorder_call(
+            state, info, tokens, min(DIRECT_TOKENS["gemm_mn"], DIRECT_TOKENS["gemm_k"]) if both_tc else 0)
         mn_name = f"wide_gemm_mn_swiglu_g{G}x{gs}_k{hidden}_{dtype}_{lg}"
         extra = _tuned(state, "gemm_mn_swiglu", G, gs, hidden, dtype)
         gv_mn = state.kernel(mn_name, lambda: gemm_mn(G, gs, hidden, dtype, lg, True, state.target_kind, **extra))
@@ -251,7 +253,7 @@ def _rewrite_projection(state: _State, pat):
         if plan is None:
             return expr
         a2 = relax.op.reshape(operand, relax.ShapeExpr([tokens, k]))
-        reorder_name, reorder = _reorder_call(state, info, tokens, plan[1] == "tc")
+        reorder_name, reorder = _reorder_call(state, info, tokens, DIRECT_TOKENS["gemm_k"] if plan[1] == "tc" else 0)
         out, kern = _gemm_k_call(state, a2, tokens, str(operand.ty.dtype), plan, info, reorder, expr)
         kind = "attention" if _is_attention(m[pat.operand], v2v) else "projection"
         state.layers.append(GatedLayer(kind, info.groups, info.group_size, [reorder_name, kern[0]],

@@ -14,15 +14,14 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..weight_layout import stored_shape
-from .gemv import (DECODE_BUCKETS, DEFAULT_DECODE, MAX_TOKENS, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, gemv_k_body,
-                   supports_k)
-from .tiles import TileConfig, tile_config
+from .gemv import DEFAULT_DECODE, DecodeKnobs, gemv_k_body, supports_k, tensor_core_kernels
+from .tiles import TileConfig, cpu_kernels, tile_config, tile_dims
 from .weights import check_layout, weight_loader
 
 
 def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
            target_kind: str, decode_knobs: DecodeKnobs = DEFAULT_DECODE,
-           cpu_tile: TileConfig | None = None) -> tirx.PrimFunc:
+           cpu_tile: TileConfig | tuple | None = None) -> tirx.PrimFunc:
     """a [n, K=G*gs], w [N, K] ("nk"), [K, N] ("kn") or tensor-core tiles ("tc", CUDA fp16), mask [n, G],
     counts [G], order [G, n], used [G+1] (mask reorder) -> out [n, N]."""
     G, gs, N = groups, group_size, n_dim
@@ -30,24 +29,25 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
     check_layout(w_layout, target_kind, supports_k(gs, N, dtype))
     wshape = stored_shape(w_layout, N, K)
     load_w = weight_loader(w_layout)
-    cfg = cpu_tile if (cpu_tile is not None and target_kind == "llvm") else tile_config(target_kind, N)
-    if N % cfg.bn:
-        raise ValueError(f"tile width {cfg.bn} does not divide the output width {N}")
-    BM, BN = cfg.bm, cfg.bn
 
-    @T.macro
-    def tile_active(mask, row0, g, n, flag):
-        flag[0] = 0
-        for r in range(BM):
-            if row0 + r < n:
-                flag[0] = T.max(flag[0], mask[row0 + r, g])
+    def tile_active(BM: int):
+        """Macro (mask, row0, g, n, flag): flag[0] = whether any of tokens row0 .. row0 + BM - 1 runs group g."""
+
+        @T.macro
+        def run(mask, row0, g, n, flag):
+            flag[0] = 0
+            for r in range(BM):
+                if row0 + r < n:
+                    flag[0] = T.max(flag[0], mask[row0 + r, g])
+
+        return run
 
     if target_kind == "cuda":
+        BM, BN = tile_dims(tile_config(target_kind, N), N, "the output width")
+        tile_any = tile_active(BM)
         small = w_layout == "tc"  # the tensor-core kernels; SIMT tiles for "nk" / "kn"
-        gemv1 = gemv_k_body(G, gs, N, 8, decode_knobs[0]) if small else None  # 1 token: tuned apart
-        gemv8 = gemv_k_body(G, gs, N, 8, decode_knobs[1]) if small else None
-        gemv16 = gemv_k_body(G, gs, N, MAX_TOKENS, decode_knobs[2]) if small else None
-        gemv_tiles = gemv_k_body(G, gs, N, TILE_TOKENS, PREFILL_KNOBS, token_tiles=True) if small else None
+        run_tc = tensor_core_kernels("gemm_k", decode_knobs, lambda mt, knobs, tiles: gemv_k_body(
+            G, gs, N, mt, knobs, token_tiles=tiles)) if small else None
 
         @T.macro
         def tiled(a, w, mask, used, out, n):
@@ -59,7 +59,7 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
                             flag = T.decl_buffer((1,), "int32", scope="local")
                             acc[0] = T.float32(0)
                             for g in range(G):
-                                tile_active(mask, bx * BM, g, n, flag)
+                                tile_any(mask, bx * BM, g, n, flag)
                                 if flag[0] != 0:
                                     if bx * BM + ty < n:
                                         if mask[bx * BM + ty, g] != 0:
@@ -72,92 +72,90 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
         @T.macro
         def dispatch(a, w, mask, counts, order, used, out, n):
             if small:  # decided on the host: one kernel launch either way
-                if n <= DECODE_BUCKETS[0]:
-                    gemv1(a, w, mask, used, out, n)
-                elif n <= DECODE_BUCKETS[1]:
-                    gemv8(a, w, mask, used, out, n)
-                elif n <= MAX_TOKENS:
-                    gemv16(a, w, mask, used, out, n)
-                else:
-                    gemv_tiles(a, w, mask, used, out, n)
+                run_tc(n, a, w, mask, used, out)
             else:
                 tiled(a, w, mask, used, out, n)
 
 
-    V = 16 if gs % 16 == 0 else (8 if gs % 8 == 0 else 1)  # K lanes of the row-dot partial sums (nk layout)
+    def cpu_body(tile: TileConfig):
+        """The CPU kernel for one token bucket's tile: (a, w, mask, counts, order, used, out, n)."""
+        BM, BN = tile_dims(tile, N, "the output width")
+        tile_any = tile_active(BM)
 
-    def tok(tile, r):
-        return tile // (N // BN) * BM + r
+        V = 16 if gs % 16 == 0 else (8 if gs % 8 == 0 else 1)  # K lanes of the row-dot partial sums (nk layout)
 
-    def ncol(tile, c):
-        return tile % (N // BN) * BN + c
+        def tok(tile, r):
+            return tile // (N // BN) * BM + r
 
-    @T.macro
-    def cpu_nk(a, w, mask, used, out, n):
-        # one task: BM tokens x BN weight rows; each row streams only the K-slices of the used groups
-        for tile in T.parallel((n + BM - 1) // BM * (N // BN)):
-            acc = T.decl_buffer((BM, V), "float32", scope="local")
-            flag = T.decl_buffer((1,), "int32", scope="local")
-            tot = T.decl_buffer((1,), "float32", scope="local")
-            for c in range(BN):
-                for r in range(BM):
-                    for v in T.vectorized(V):
-                        acc[r, v] = T.float32(0)
+        def ncol(tile, c):
+            return tile % (N // BN) * BN + c
+
+        @T.macro
+        def cpu_nk(a, w, mask, counts, order, used, out, n):
+            # one task: BM tokens x BN weight rows; each row streams only the K-slices of the used groups
+            for tile in T.parallel((n + BM - 1) // BM * (N // BN)):
+                acc = T.decl_buffer((BM, V), "float32", scope="local")
+                flag = T.decl_buffer((1,), "int32", scope="local")
+                tot = T.decl_buffer((1,), "float32", scope="local")
+                for c in range(BN):
+                    for r in range(BM):
+                        for v in T.vectorized(V):
+                            acc[r, v] = T.float32(0)
+                    for j in range(used[G]):
+                        tile_any(mask, tok(tile, 0), used[j], n, flag)
+                        if flag[0] != 0:
+                            for k0 in range(gs // V):
+                                for r in range(BM):
+                                    if tok(tile, r) < n:
+                                        if mask[tok(tile, r), used[j]] != 0:
+                                            for v in T.vectorized(V):
+                                                acc[r, v] = acc[r, v] + T.Cast(
+                                                    "float32", a[tok(tile, r), used[j] * gs + k0 * V + v]) * \
+                                                    T.Cast("float32", w[ncol(tile, c), used[j] * gs + k0 * V + v])
+                    for r in range(BM):
+                        if tok(tile, r) < n:
+                            tot[0] = T.float32(0)
+                            for v in range(V):
+                                tot[0] = tot[0] + acc[r, v]
+                            out[tok(tile, r), ncol(tile, c)] = T.Cast(dtype, tot[0])
+
+        @T.macro
+        def cpu_kn(a, w, mask, counts, order, used, out, n):
+            # one task: BN output columns for every token. Groups are visited in `used` order; while one group's
+            # gs x BN weight block stays in cache, only its active tokens (the reorder's order[g, :count])
+            # accumulate into their fp32 rows, so skipped (token, group) pairs cost nothing: the work is the
+            # active pairs, not the tiles that hold one. Fixed group and token order: deterministic.
+            for task in T.parallel(N // BN):
+                acc = T.decl_buffer((n, BN), "float32")
+                row = T.decl_buffer((BN,), "float32", scope="local")
+                tg = T.decl_buffer((2,), "int32", scope="local")  # group, token
+                for t in range(n):
+                    for c in T.vectorized(BN):
+                        acc[t, c] = T.float32(0)
                 for j in range(used[G]):
-                    tile_active(mask, tok(tile, 0), used[j], n, flag)
-                    if flag[0] != 0:
-                        for k0 in range(gs // V):
-                            for r in range(BM):
-                                if tok(tile, r) < n:
-                                    if mask[tok(tile, r), used[j]] != 0:
-                                        for v in T.vectorized(V):
-                                            acc[r, v] = acc[r, v] + T.Cast(
-                                                "float32", a[tok(tile, r), used[j] * gs + k0 * V + v]) * \
-                                                T.Cast("float32", w[ncol(tile, c), used[j] * gs + k0 * V + v])
-                for r in range(BM):
-                    if tok(tile, r) < n:
-                        tot[0] = T.float32(0)
-                        for v in range(V):
-                            tot[0] = tot[0] + acc[r, v]
-                        out[tok(tile, r), ncol(tile, c)] = T.Cast(dtype, tot[0])
-
-    @T.macro
-    def cpu_kn(a, w, counts, order, used, out, n):
-        # one task: BN output columns for every token. Groups are visited in `used` order; while one group's
-        # gs x BN weight block stays in cache, only its active tokens (the reorder's order[g, :count])
-        # accumulate into their fp32 rows, so skipped (token, group) pairs cost nothing: the work is the
-        # active pairs, not the tiles that hold one. Fixed group and token order: deterministic.
-        for task in T.parallel(N // BN):
-            acc = T.decl_buffer((n, BN), "float32")
-            row = T.decl_buffer((BN,), "float32", scope="local")
-            tg = T.decl_buffer((2,), "int32", scope="local")  # group, token
-            for t in range(n):
-                for c in T.vectorized(BN):
-                    acc[t, c] = T.float32(0)
-            for j in range(used[G]):
-                tg[0] = used[j]
-                for i in range(counts[tg[0]]):
-                    tg[1] = order[tg[0], i]
-                    for c in T.vectorized(BN):
-                        row[c] = acc[tg[1], c]
-                    for k in range(gs):
+                    tg[0] = used[j]
+                    for i in range(counts[tg[0]]):
+                        tg[1] = order[tg[0], i]
                         for c in T.vectorized(BN):
-                            row[c] = row[c] + T.Cast("float32", a[tg[1], tg[0] * gs + k]) * \
-                                T.Cast("float32", load_w(w, tg[0] * gs + k, task * BN + c))
+                            row[c] = acc[tg[1], c]
+                        for k in range(gs):
+                            for c in T.vectorized(BN):
+                                row[c] = row[c] + T.Cast("float32", a[tg[1], tg[0] * gs + k]) * \
+                                    T.Cast("float32", load_w(w, tg[0] * gs + k, task * BN + c))
+                        for c in T.vectorized(BN):
+                            acc[tg[1], c] = row[c]
+                for t in range(n):
                     for c in T.vectorized(BN):
-                        acc[tg[1], c] = row[c]
-            for t in range(n):
-                for c in T.vectorized(BN):
-                    out[t, task * BN + c] = T.Cast(dtype, acc[t, c])
+                        out[t, task * BN + c] = T.Cast(dtype, acc[t, c])
+
+        return cpu_nk if w_layout == "nk" else cpu_kn
 
     if target_kind != "cuda":
+        run_cpu = cpu_kernels(cpu_tile, tile_config(target_kind, N), cpu_body)
 
         @T.macro
         def dispatch(a, w, mask, counts, order, used, out, n):
-            if w_layout == "nk":
-                cpu_nk(a, w, mask, used, out, n)
-            else:
-                cpu_kn(a, w, counts, order, used, out, n)
+            run_cpu(n, a, w, mask, counts, order, used, out)
 
     @T.prim_func(private=True)
     def gemm_k(a_h: T.handle, w_h: T.handle, mask_h: T.handle, counts_h: T.handle, order_h: T.handle,

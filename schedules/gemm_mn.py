@@ -12,28 +12,25 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..weight_layout import stored_shape
-from .gemv import (DECODE_BUCKETS, DEFAULT_DECODE, MAX_TOKENS, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, gemv_mn_body,
-                   supports_mn)
-from .tiles import TileConfig, tile_config
+from .gemv import DEFAULT_DECODE, DecodeKnobs, gemv_mn_body, supports_mn, tensor_core_kernels
+from .tiles import TileConfig, cpu_kernels, tile_config, tile_dims
 from .weights import check_layout, weight_loader
 
 
 def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str, swiglu: bool,
             target_kind: str, decode_knobs: DecodeKnobs = DEFAULT_DECODE,
-            cpu_tile: TileConfig | None = None) -> tirx.PrimFunc:
+            cpu_tile: TileConfig | tuple | None = None) -> tirx.PrimFunc:
     """x [n, K], w (and w_up for SwiGLU) [N, K] ("nk"), [K, N] ("kn") or tensor-core tiles ("tc", CUDA fp16),
     mask [n, G], counts [G], order [G, n], used [G + 1] (the mask reorder) -> out [n, N]. The tensor-core
-    decode kernels (n <= 16) read the mask itself; every other path walks the reorder."""
+    direct kernels (n <= DIRECT_TOKENS["gemm_mn"]) read the mask itself; every other path walks the reorder."""
     G, gs, K = groups, group_size, k_dim
     N = G * gs
     check_layout(w_layout, target_kind, supports_mn(gs, K, dtype))
     wshape = stored_shape(w_layout, N, K)
     load_w = weight_loader(w_layout)
-    cfg = cpu_tile if (cpu_tile is not None and target_kind == "llvm") else tile_config(target_kind, gs)
-    if gs % cfg.bn:
-        raise ValueError(f"tile width {cfg.bn} does not divide the group size {gs}")
-    BM, BN = cfg.bm, cfg.bn
-    n_col_tiles = gs // BN
+    if target_kind == "cuda":
+        BM, BN = tile_dims(tile_config(target_kind, gs), gs, "the group size")
+        n_col_tiles = gs // BN
 
     @T.macro
     def dot_store(x, wg, wu, out, t, col):
@@ -52,10 +49,8 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
 
     if target_kind == "cuda":
         small = w_layout == "tc"  # the tensor-core kernels; SIMT tiles for "nk" / "kn"
-        gemv1 = gemv_mn_body(G, gs, K, swiglu, 8, decode_knobs[0]) if small else None  # 1 token: tuned apart
-        gemv8 = gemv_mn_body(G, gs, K, swiglu, 8, decode_knobs[1]) if small else None
-        gemv16 = gemv_mn_body(G, gs, K, swiglu, MAX_TOKENS, decode_knobs[2]) if small else None
-        gemv_tiles = gemv_mn_body(G, gs, K, swiglu, TILE_TOKENS, PREFILL_KNOBS, token_tiles=True) if small else None
+        run_tc = tensor_core_kernels("gemm_mn", decode_knobs, lambda mt, knobs, tiles: gemv_mn_body(
+            G, gs, K, swiglu, mt, knobs, token_tiles=tiles)) if small else None
 
         @T.macro
         def tiled(x, wg, wu, mask, counts, order, used, out, n):
@@ -76,111 +71,109 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
         @T.macro
         def dispatch(x, wg, wu, mask, counts, order, used, out, n):
             if small:  # decided on the host: one kernel launch either way
-                if n <= DECODE_BUCKETS[0]:
-                    gemv1(x, wg, wu, mask, counts, order, used, out, n)
-                elif n <= DECODE_BUCKETS[1]:
-                    gemv8(x, wg, wu, mask, counts, order, used, out, n)
-                elif n <= MAX_TOKENS:
-                    gemv16(x, wg, wu, mask, counts, order, used, out, n)
-                else:
-                    gemv_tiles(x, wg, wu, mask, counts, order, used, out, n)
+                run_tc(n, x, wg, wu, mask, counts, order, used, out)
             else:
                 tiled(x, wg, wu, mask, counts, order, used, out, n)
 
 
-    def n_tiles(n):
-        return (n + BM - 1) // BM
+    def cpu_body(tile: TileConfig):
+        """The CPU kernel for one token bucket's tile: (x, wg, wu, counts, order, out, n)."""
+        BM, BN = tile_dims(tile, gs, "the group size")
+        n_col_tiles = gs // BN
 
-    V = 16 if K % 16 == 0 else (8 if K % 8 == 0 else 1)  # K lanes of the row-dot partial sums (nk layout)
+        def n_tiles(n):
+            return (n + BM - 1) // BM
 
-    def grp(task, n):
-        return task // n_col_tiles // n_tiles(n)
+        V = 16 if K % 16 == 0 else (8 if K % 8 == 0 else 1)  # K lanes of the row-dot partial sums (nk layout)
 
-    def row(task, n, r):
-        """Sorted slot of row r of this task's token tile."""
-        return task // n_col_tiles % n_tiles(n) * BM + r
+        def grp(task, n):
+            return task // n_col_tiles // n_tiles(n)
 
-    def col(task, n, c):
-        return grp(task, n) * gs + task % n_col_tiles * BN + c
+        def row(task, n, r):
+            """Sorted slot of row r of this task's token tile."""
+            return task // n_col_tiles % n_tiles(n) * BM + r
 
-    @T.macro
-    def cpu_nk(x, wg, wu, counts, order, out, n):
-        # one task: BM sorted tokens of one group x BN weight rows; each row is streamed once for the tile,
-        # V-wide partial sums per token, reduced in a fixed order at the end
-        for task in T.parallel(G * n_tiles(n) * n_col_tiles):
-            acc = T.decl_buffer((2, BM, V), "float32", scope="local")
-            tot = T.decl_buffer((2,), "float32", scope="local")
-            for c in range(BN):
-                if row(task, n, 0) < T.Cast("int64", counts[grp(task, n)]):
-                    for h, r in T.grid(2, BM):
-                        for v in T.vectorized(V):
-                            acc[h, r, v] = T.float32(0)
-                    for k0 in range(K // V):
-                        for r in range(BM):
-                            if row(task, n, r) < T.Cast("int64", counts[grp(task, n)]):
-                                for v in T.vectorized(V):
-                                    acc[0, r, v] = acc[0, r, v] + T.Cast(
-                                        "float32", x[order[grp(task, n), row(task, n, r)], k0 * V + v]) * \
-                                        T.Cast("float32", wg[col(task, n, c), k0 * V + v])
-                                if swiglu:
+        def col(task, n, c):
+            return grp(task, n) * gs + task % n_col_tiles * BN + c
+
+        @T.macro
+        def cpu_nk(x, wg, wu, counts, order, out, n):
+            # one task: BM sorted tokens of one group x BN weight rows; each row is streamed once for the tile,
+            # V-wide partial sums per token, reduced in a fixed order at the end
+            for task in T.parallel(G * n_tiles(n) * n_col_tiles):
+                acc = T.decl_buffer((2, BM, V), "float32", scope="local")
+                tot = T.decl_buffer((2,), "float32", scope="local")
+                for c in range(BN):
+                    if row(task, n, 0) < T.Cast("int64", counts[grp(task, n)]):
+                        for h, r in T.grid(2, BM):
+                            for v in T.vectorized(V):
+                                acc[h, r, v] = T.float32(0)
+                        for k0 in range(K // V):
+                            for r in range(BM):
+                                if row(task, n, r) < T.Cast("int64", counts[grp(task, n)]):
                                     for v in T.vectorized(V):
-                                        acc[1, r, v] = acc[1, r, v] + T.Cast(
+                                        acc[0, r, v] = acc[0, r, v] + T.Cast(
                                             "float32", x[order[grp(task, n), row(task, n, r)], k0 * V + v]) * \
-                                            T.Cast("float32", wu[col(task, n, c), k0 * V + v])
-                for r in range(BM):
-                    if row(task, n, r) < n:
-                        if row(task, n, r) < T.Cast("int64", counts[grp(task, n)]):
-                            for h in range(2):
-                                tot[h] = T.float32(0)
-                                for v in range(V):
-                                    tot[h] = tot[h] + acc[h, r, v]
-                            out[order[grp(task, n), row(task, n, r)], col(task, n, c)] = T.Cast(
-                                dtype, (tot[0] * T.sigmoid(tot[0]) * tot[1]) if swiglu else tot[0])
-                        else:
-                            out[order[grp(task, n), row(task, n, r)], col(task, n, c)] = T.Cast(dtype, 0)
-
-    @T.macro
-    def cpu_kn(x, wg, wu, counts, order, out, n):
-        # one task: BM sorted tokens of one group x BN output columns, accumulated in a BM x BN register tile
-        for task in T.parallel(G * n_tiles(n) * n_col_tiles):
-            acc = T.decl_buffer((2, BM, BN), "float32", scope="local")
-            for h, r in T.grid(2, BM):
-                for c in T.vectorized(BN):
-                    acc[h, r, c] = T.float32(0)
-            if task // n_col_tiles % n_tiles(n) * BM < T.Cast("int64", counts[task // n_col_tiles // n_tiles(n)]):
-                for k in range(K):
+                                            T.Cast("float32", wg[col(task, n, c), k0 * V + v])
+                                    if swiglu:
+                                        for v in T.vectorized(V):
+                                            acc[1, r, v] = acc[1, r, v] + T.Cast(
+                                                "float32", x[order[grp(task, n), row(task, n, r)], k0 * V + v]) * \
+                                                T.Cast("float32", wu[col(task, n, c), k0 * V + v])
                     for r in range(BM):
-                        if task // n_col_tiles % n_tiles(n) * BM + r < T.Cast(
-                                "int64", counts[task // n_col_tiles // n_tiles(n)]):
-                            for c in T.vectorized(BN):
-                                acc[0, r, c] = acc[0, r, c] + T.Cast("float32", x[order[
-                                    task // n_col_tiles // n_tiles(n), task // n_col_tiles % n_tiles(n) * BM + r], k]) * \
-                                    T.Cast("float32", load_w(wg, k, task // n_col_tiles // n_tiles(n) * gs
-                                                             + task % n_col_tiles * BN + c))
-                            if swiglu:
-                                for c in T.vectorized(BN):
-                                    acc[1, r, c] = acc[1, r, c] + T.Cast("float32", x[order[
-                                        task // n_col_tiles // n_tiles(n), task // n_col_tiles % n_tiles(n) * BM + r],
-                                        k]) * T.Cast("float32", load_w(wu, k, task // n_col_tiles // n_tiles(n) * gs
-                                                                       + task % n_col_tiles * BN + c))
-            for r in range(BM):
-                if task // n_col_tiles % n_tiles(n) * BM + r < n:
+                        if row(task, n, r) < n:
+                            if row(task, n, r) < T.Cast("int64", counts[grp(task, n)]):
+                                for h in range(2):
+                                    tot[h] = T.float32(0)
+                                    for v in range(V):
+                                        tot[h] = tot[h] + acc[h, r, v]
+                                out[order[grp(task, n), row(task, n, r)], col(task, n, c)] = T.Cast(
+                                    dtype, (tot[0] * T.sigmoid(tot[0]) * tot[1]) if swiglu else tot[0])
+                            else:
+                                out[order[grp(task, n), row(task, n, r)], col(task, n, c)] = T.Cast(dtype, 0)
+
+        @T.macro
+        def cpu_kn(x, wg, wu, counts, order, out, n):
+            # one task: BM sorted tokens of one group x BN output columns, accumulated in a BM x BN register tile
+            for task in T.parallel(G * n_tiles(n) * n_col_tiles):
+                acc = T.decl_buffer((2, BM, BN), "float32", scope="local")
+                for h, r in T.grid(2, BM):
                     for c in T.vectorized(BN):
-                        out[order[task // n_col_tiles // n_tiles(n), task // n_col_tiles % n_tiles(n) * BM + r],
-                            task // n_col_tiles // n_tiles(n) * gs + task % n_col_tiles * BN + c] = T.Select(
-                            task // n_col_tiles % n_tiles(n) * BM + r
-                            < T.Cast("int64", counts[task // n_col_tiles // n_tiles(n)]),
-                            T.Cast(dtype, (acc[0, r, c] * T.sigmoid(acc[0, r, c]) * acc[1, r, c]) if swiglu
-                                   else acc[0, r, c]), T.Cast(dtype, 0))
+                        acc[h, r, c] = T.float32(0)
+                if task // n_col_tiles % n_tiles(n) * BM < T.Cast("int64", counts[task // n_col_tiles // n_tiles(n)]):
+                    for k in range(K):
+                        for r in range(BM):
+                            if task // n_col_tiles % n_tiles(n) * BM + r < T.Cast(
+                                    "int64", counts[task // n_col_tiles // n_tiles(n)]):
+                                for c in T.vectorized(BN):
+                                    acc[0, r, c] = acc[0, r, c] + T.Cast("float32", x[order[
+                                        task // n_col_tiles // n_tiles(n), task // n_col_tiles % n_tiles(n) * BM + r], k]) * \
+                                        T.Cast("float32", load_w(wg, k, task // n_col_tiles // n_tiles(n) * gs
+                                                                 + task % n_col_tiles * BN + c))
+                                if swiglu:
+                                    for c in T.vectorized(BN):
+                                        acc[1, r, c] = acc[1, r, c] + T.Cast("float32", x[order[
+                                            task // n_col_tiles // n_tiles(n), task // n_col_tiles % n_tiles(n) * BM + r],
+                                            k]) * T.Cast("float32", load_w(wu, k, task // n_col_tiles // n_tiles(n) * gs
+                                                                           + task % n_col_tiles * BN + c))
+                for r in range(BM):
+                    if task // n_col_tiles % n_tiles(n) * BM + r < n:
+                        for c in T.vectorized(BN):
+                            out[order[task // n_col_tiles // n_tiles(n), task // n_col_tiles % n_tiles(n) * BM + r],
+                                task // n_col_tiles // n_tiles(n) * gs + task % n_col_tiles * BN + c] = T.Select(
+                                task // n_col_tiles % n_tiles(n) * BM + r
+                                < T.Cast("int64", counts[task // n_col_tiles // n_tiles(n)]),
+                                T.Cast(dtype, (acc[0, r, c] * T.sigmoid(acc[0, r, c]) * acc[1, r, c]) if swiglu
+                                       else acc[0, r, c]), T.Cast(dtype, 0))
+
+        return cpu_nk if w_layout == "nk" else cpu_kn
 
     if target_kind != "cuda":
+        run_cpu = cpu_kernels(cpu_tile, tile_config(target_kind, gs), cpu_body)
 
         @T.macro
         def dispatch(x, wg, wu, mask, counts, order, used, out, n):
-            if w_layout == "nk":
-                cpu_nk(x, wg, wu, counts, order, out, n)
-            else:
-                cpu_kn(x, wg, wu, counts, order, out, n)
+            run_cpu(n, x, wg, wu, counts, order, out)
 
     @T.prim_func(private=True)
     def gemm_mn(x_h: T.handle, wg_h: T.handle, wu_h: T.handle, mask_h: T.handle, counts_h: T.handle,
@@ -198,3 +191,4 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
         dispatch(x, wg, wu, mask, counts, order, used, out, n)
 
     return gemm_mn
+

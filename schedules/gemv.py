@@ -1,8 +1,9 @@
 """Tensor-core CUDA kernels for gated projections that read only the weights of used groups.
 
-Written for decode (<= 16 tokens, one grid row, one kernel per token bucket 1 / 2-8 / 9-16 with its own
-knobs): the tokens themselves are the mma columns and the kernels read the mask directly, so no reorder has
-to run first. With `token_tiles` the same kernels cover any token count in grid rows of TILE_TOKENS tokens
+Written for decode and short prompts (<= 64 tokens, one grid row, one kernel per token bucket 1 / 2-8 /
+9-16 / 17-32 / 33-64 with its own knobs): the tokens themselves are the mma columns and the kernels read the
+mask directly, so no reorder has to run first and every weight byte in use is read once, whatever the token
+count. With `token_tiles` the same kernels cover any token count in grid rows of TILE_TOKENS tokens
 sorted by the mask reorder (prefill), a row past a group's active count being skipped.
 
 With few tokens a gated projection is memory bound: its time is the weight bytes it reads. Both kernels
@@ -40,10 +41,13 @@ from dataclasses import dataclass
 
 from tvm.script import tirx as T
 
-MAX_TOKENS = 16  # token counts up to this use the decode kernels
+from .dispatch import token_dispatch
+
+MAX_TOKENS = 64  # token counts up to this use the direct (decode) kernels
 TILE_TOKENS = 64  # sorted tokens per grid row of the tensor-core kernels for more tokens
 ROWS = 16  # output rows per block (the mma M)
 CHUNK = 32  # K elements per warp step (4 lanes x 8 halves)
+SMEM_BYTES = 48 * 1024  # static shared memory per block
 
 
 @dataclass(frozen=True)
@@ -52,22 +56,64 @@ class GemvKnobs:
     unroll: int = 4  # K chunks each warp loads before multiplying
     rows: int = 1  # 16-row tiles per warp (gemv_k): each activation fragment load feeds this many tiles
     stages: int = 0  # decode: 0 = weights loaded straight into registers; S >= 2 = an S-deep cp.async ring
+    # decode: row tiles per block, each taken by warps / row_warps warps that split K; the row tiles' warps
+    # load the same activation chunks at the same time, so all but the first are served from L1
+    row_warps: int = 1
 
     def name(self) -> str:
         return (f"w{self.warps}u{self.unroll}" + (f"r{self.rows}" if self.rows > 1 else "")
-                + (f"s{self.stages}" if self.stages else ""))
+                + (f"s{self.stages}" if self.stages else "") + (f"b{self.row_warps}" if self.row_warps > 1 else ""))
 
 
-DECODE_BUCKETS = (1, 8, MAX_TOKENS)  # one decode kernel per bucket, each with its own knobs (1 token: decode)
+DECODE_BUCKETS = (1, 8, 16, 32, MAX_TOKENS)  # one direct kernel per bucket, each with its own knobs
+# Token counts up to which each kernel kind runs its direct kernels; past it, sorted token tiles. gemm_mn stops at
+# 32: at 33-64 tokens its tiles, which gather only a group's active tokens, measured faster on the H200 (gate/up
+# 117.8 vs 131.3 us, docs/performance.md); gemm_k's direct kernels win up to 64 (down 128.1 vs 173.5 us).
+DIRECT_TOKENS = {"gemm_mn": 32, "gemm_k": MAX_TOKENS}
 DecodeKnobs = tuple  # knobs per DECODE_BUCKETS entry
 DEFAULT_DECODE: DecodeKnobs = (GemvKnobs(),) * len(DECODE_BUCKETS)
 
 
 def decode_knobs(entries: list) -> DecodeKnobs:
-    """Knobs per decode bucket from a tuning log's [[warps, unroll(, rows)], ...]; a log written before the
-    1-token bucket existed ([<= 8, <= 16]) gives its <= 8 knobs to 1 token as well."""
+    """Knobs per decode bucket from a tuning log's [[warps, unroll(, rows(, stages))], ...]. A log written
+    before the 1-token bucket existed ([<= 8, <= 16]) gives its <= 8 knobs to 1 token as well; buckets a log
+    predates (32, 64 tokens) keep the defaults."""
     knobs = tuple(GemvKnobs(*e) for e in entries)
-    return (knobs[0],) + knobs if len(knobs) == len(DECODE_BUCKETS) - 1 else knobs
+    if len(knobs) == 2:
+        knobs = (knobs[0],) + knobs
+    return knobs + DEFAULT_DECODE[len(knobs):]
+
+
+def tensor_core_kernels(kind: str, decode_knobs: DecodeKnobs, make_body):
+    """Macro (n, *args) running the direct kernel of n's token bucket (each bucket with its knobs) up to
+    DIRECT_TOKENS[kind] tokens, then the sorted token tiles; make_body(max_tokens, knobs, token_tiles) builds
+    one kernel body of `kind` ("gemm_mn" or "gemm_k")."""
+    if len(decode_knobs) != len(DECODE_BUCKETS):
+        raise ValueError(f"knobs for {len(decode_knobs)} token buckets; the direct kernels have "
+                         f"{len(DECODE_BUCKETS)} ({', '.join(map(str, DECODE_BUCKETS))} tokens)")
+    direct = [(b, make_body(bucket_tokens(b), knobs, False))
+              for b, knobs in zip(DECODE_BUCKETS, decode_knobs) if b <= DIRECT_TOKENS[kind]]
+    return token_dispatch(direct + [(None, make_body(TILE_TOKENS, PREFILL_KNOBS, True))])
+
+
+def bucket_tokens(bucket: int) -> int:
+    """Token columns (mma N, a multiple of 8) of the direct kernel for a bucket."""
+    return max(8, bucket)
+
+
+def fit_registers(unroll: int, max_tokens: int) -> int:
+    """K chunks per step that keep a step's activations (unroll x tokens x 8 halves per lane) within 32
+    registers: the tuned unroll of a small bucket, capped for the wide ones (64 tokens: 1)."""
+    return max(1, min(unroll, 64 // max_tokens))
+
+
+def fit_partials(warps: int, nacc: int, extra_bytes: int = 0) -> int:
+    """Warps whose split-K partial tiles (nacc floats per lane) fit static shared memory."""
+    while warps > 1 and warps * nacc * 32 * 4 + extra_bytes > SMEM_BYTES:
+        warps //= 2
+    return warps
+
+
 PREFILL_KNOBS = GemvKnobs(warps=4, unroll=1)  # many-token kernels: 160 registers, no spills at these
 
 
@@ -98,9 +144,6 @@ def _mma_pair(wreg, xreg, af, bf, acc, w_off, x_off, acc_off, keep, zero):
             bf[e] = T.Select(keep != 0, xreg[x_off + 4 * p + e], zero[0])
         T.ptx_legacy.mma("m16n8k16", "row", "col", "fp16", "fp16", "fp32", af.data, 0, bf.data, 0,
                          acc.data, acc_off, False)
-
-
-SMEM_BYTES = 48 * 1024  # static shared memory per block
 
 
 def _fit_ring(stages: int, unroll: int, warps: int, vec_per_chunk: int, red_bytes) -> tuple[int, int, int]:
@@ -152,11 +195,30 @@ def _share_partials(red, acc, nacc, wy, lane):
 
 
 @T.macro
-def _sum_over_warps(red, tot, t_idx, slot, warps, nacc, lane):
-    """tot[t_idx] = sum of the warps' partial accumulator `slot`, in warp order (deterministic)."""
+def _sum_over_warps(red, tot, t_idx, slot, first, stride, count, nacc, lane):
+    """tot[t_idx] = sum of partial accumulator `slot` of warps first, first + stride, ... (count of them: the
+    warps that split K for one row tile), in warp order (deterministic)."""
     tot[t_idx] = T.float32(0)
-    for w in T.unroll(warps):
-        tot[t_idx] = tot[t_idx] + red[(w * nacc + slot) * 32 + lane]
+    for i in T.unroll(count):
+        tot[t_idx] = tot[t_idx] + red[((first + i * stride) * nacc + slot) * 32 + lane]
+
+
+def _row_warps(request: int, warps: int, tiles: int) -> int:
+    """Row tiles per block: the requested count, halved until it divides the warps and the row tiles."""
+    rb = request
+    while rb > 1 and (warps % rb or tiles % rb):
+        rb //= 2
+    return rb
+
+
+def bit_words(max_tokens: int) -> int:
+    """int32 words of a token bit set (bit t % 32 of word t // 32: token t runs the group)."""
+    return (max_tokens + 31) // 32
+
+
+def _list_slot(flag, part, groups):
+    """Where this lane's group goes in the used list: its scanned position, or the scratch slot `groups`."""
+    return T.Select(flag[0] != 0, part[0] + flag[1] - 1, groups)
 
 
 @T.macro
@@ -166,20 +228,24 @@ def _used_groups(mask, sused, n, wy, lane, groups, warps, max_tokens, bits_at):
     block-wide exclusive scan (warp shuffles, one shared slot per warp). Decode kernels call this instead of
     waiting for a separate mask-reorder launch. sused: shared int32 [groups + 1 + warps], the last `warps`
     slots being per-warp scratch (one buffer, so the compiler cannot fold the scratch into the list), then
-    from `bits_at` the token bit set of each listed group (bit t: token t runs it), so the K loop reads its
-    intra-block skipping from shared memory instead of the mask."""
+    from `bits_at` the token bit set of each listed group (word d of slot i at bits_at + d * (groups + 1) + i),
+    so the K loop reads its intra-block skipping from shared memory instead of the mask."""
     flag = T.decl_buffer((2,), "int32", scope="local")  # used flag, inclusive warp scan
+    words = T.decl_buffer((bit_words(max_tokens),), "uint32", scope="local")  # this group's token bit set
     part = T.decl_buffer((3,), "int32", scope="local")  # shuffle / prefix scratch, groups found so far
     mreg = T.decl_buffer((max_tokens,), "int32", scope="local")
     part[2] = 0
     for p in T.unroll((groups + 32 * warps - 1) // (32 * warps)):  # straight-line barriers
-        flag[0] = 0
         for t in T.unroll(max_tokens):  # clamped loads in their own statements: no short-circuit, all in flight
             mreg[t] = mask[T.min(t, T.Cast("int32", n) - 1), T.min(p * 32 * warps + wy * 32 + lane, groups - 1)]
-        for t in T.unroll(max_tokens):
-            flag[0] = flag[0] | T.Select(
-                t < T.Cast("int32", n) and p * 32 * warps + wy * 32 + lane < groups and mreg[t] != 0,
-                T.shift_left(1, t), 0)
+        flag[0] = 0
+        for d in T.unroll(bit_words(max_tokens)):
+            words[d] = T.uint32(0)
+            for b in T.unroll(min(32, max_tokens)):
+                words[d] = words[d] | T.Select(
+                    d * 32 + b < T.Cast("int32", n) and p * 32 * warps + wy * 32 + lane < groups
+                    and mreg[d * 32 + b] != 0, T.shift_left(T.uint32(1), T.Cast("uint32", b)), T.uint32(0))
+            flag[0] = T.Select(words[d] != T.uint32(0), 1, flag[0])
         flag[1] = T.Select(flag[0] != 0, 1, 0)
         for sh in T.unroll(5):
             part[0] = T.tvm_warp_shuffle_up(T.tvm_warp_activemask(), flag[1], 1 << sh, 32, 32)
@@ -193,8 +259,9 @@ def _used_groups(mask, sused, n, wy, lane, groups, warps, max_tokens, bits_at):
             part[2] = part[2] + sused[groups + 1 + w]
         T.tvm_storage_sync("shared")  # barriers are all explicit: under the host-side ifs TVM cannot add one
         # unused groups write the scratch slot sused[groups] (set to the count below, after a barrier)
-        sused[T.Select(flag[0] != 0, part[0] + flag[1] - 1, groups)] = p * 32 * warps + wy * 32 + lane
-        sused[bits_at + T.Select(flag[0] != 0, part[0] + flag[1] - 1, groups)] = flag[0]
+        sused[_list_slot(flag, part, groups)] = p * 32 * warps + wy * 32 + lane
+        for d in T.unroll(bit_words(max_tokens)):
+            sused[bits_at + d * (groups + 1) + _list_slot(flag, part, groups)] = T.reinterpret("int32", words[d])
         T.tvm_storage_sync("shared")
     if wy == 0 and lane == 0:
         sused[groups] = part[2]
@@ -218,11 +285,15 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
     CH = K // CHUNK
     NACC = NW * NT * 4
     direct = not token_tiles
+    U, W = fit_registers(U, MT), fit_partials(W, NACC)
     S, U, W = _fit_ring(knobs.stages if direct else 0, U, W, NW * 2, lambda w: w * NACC * 32 * 4)
-    while CH % (U * W):  # every step loads U full chunks per warp: no bounds branches between the loads
-        U, W = (U // 2, W) if U > 1 else (U, W // 2)
-    steps = CH // (U * W)
     TPG = gs // ROWS  # row tiles per group
+    RB = _row_warps(knobs.row_warps if direct else 1, W, TPG)  # a block's row tiles, all of one group
+    KS = W // RB  # warps splitting K per row tile
+    while CH % (U * KS):  # every step loads U full chunks per warp: no bounds branches between the loads
+        U, KS = (U // 2, KS) if U > 1 else (U, KS // 2)
+    W = KS * RB
+    steps = CH // (U * KS)
     VEC = NW * 2  # 16-byte weight vectors per lane and chunk
 
     def nn(n):
@@ -232,8 +303,8 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
         return T.min(counts[g], nn(n))
 
     def chunk(s, u, wy):
-        """K chunk of this warp's u-th load in step s (K is a multiple of U * W chunks: no bounds checks)."""
-        return (s * U + u) * W + wy
+        """K chunk of this warp's u-th load in step s (K is a multiple of U * KS chunks: no bounds checks)."""
+        return (s * U + u) * KS + wy // RB
 
     def kcol(s, u, wy, lane):
         return chunk(s, u, wy) * CHUNK + lane % 4 * 8
@@ -282,17 +353,17 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
         return T.min(nn(n), by * MT + MT)
 
     @T.macro
-    def group_of(gid, mask, counts, used, bx, n):
-        """gid = (group, its row tile, whether any token runs it)."""
+    def group_of(gid, mask, counts, used, bx, wy, n):
+        """gid = (group, this warp's row tile, whether any token runs the group)."""
         if direct:
-            gid[0] = bx // TPG
+            gid[0] = bx * RB // TPG
             gid[2] = 0
             for t in T.unroll(MT):  # unconditional clamped loads (a short-circuit && would serialise them)
-                gid[2] = gid[2] | T.Select(mask[T.min(t, nn(n) - 1), bx // TPG] != 0, 1, 0)
+                gid[2] = gid[2] | T.Select(mask[T.min(t, nn(n) - 1), bx * RB // TPG] != 0, 1, 0)
         else:
             gid[0] = used[bx // TPG]  # groups some token runs first: the blocks with work start first
             gid[2] = T.Select(cnt(counts, gid[0], n) > 0, 1, 0)
-        gid[1] = gid[0] * TPG + bx % TPG
+        gid[1] = gid[0] * TPG + bx * RB % TPG + wy % RB
 
     @T.macro
     def load_x(xreg, x, order, counts, gid, by, s, wy, lane, n):
@@ -319,14 +390,14 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
 
     @T.macro
     def body(x, wg, wu, mask, counts, order, used, out, n):
-        for bx in T.thread_binding(N // ROWS, thread="blockIdx.x"):
+        for bx in T.thread_binding(N // (ROWS * RB), thread="blockIdx.x"):
             for by in T.thread_binding(ytiles(n), thread="blockIdx.y"):
                 red = T.decl_buffer((W * NACC * 32,), "float32", scope="shared")
                 ring = T.decl_buffer((max(1, W * S * U * VEC * 256),), "float16", scope="shared")
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
                         gid = T.decl_buffer((3,), "int32", scope="local")
-                        group_of(gid, mask, counts, used, bx, n)
+                        group_of(gid, mask, counts, used, bx, wy, n)
                         acc = T.decl_buffer((NACC,), "float32", scope="local")
                         wreg = T.decl_buffer((U * NW * 16,), "float16", scope="local")
                         xreg = T.decl_buffer((U * NT * 8,), "float16", scope="local")
@@ -376,13 +447,13 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
                         tot = T.decl_buffer((2,), "float32", scope="local")
                         g = T.decl_buffer((3,), "int32", scope="local")
-                        group_of(g, mask, counts, used, bx, n)
-                        if wy == 0:
+                        group_of(g, mask, counts, used, bx, wy, n)
+                        if wy < RB:
                             for j in T.unroll(NT):
                                 for e in T.unroll(4):
                                     if out_token(by, j, e, lane) < (nn(n) if direct else cnt(counts, g[0], n)):
                                         for c in T.unroll(NW):
-                                            _sum_over_warps(red, tot, c, (c * NT + j) * 4 + e, W, NACC, lane)
+                                            _sum_over_warps(red, tot, c, (c * NT + j) * 4 + e, wy, RB, KS, NACC, lane)
                                         out[out_row(order, g[0], by, j, e, lane),
                                             g[1] * ROWS + lane // 4 + 8 * (e // 2)] = \
                                             gated(mask, g[0], by, j, e, lane, T.Cast(
@@ -401,7 +472,7 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
 def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs: GemvKnobs = GemvKnobs(),
                 token_tiles: bool = False):
     """Macro (a, w, mask, used, out, n), fp16, W [N, K = G * gs] in the "tc" layout [N / 16, 16 K]: for
-    n <= max_tokens (8 or 16), or, with `token_tiles`, any n in grid rows of `max_tokens` tokens. Decode
+    n <= max_tokens (8 to 64), or, with `token_tiles`, any n in grid rows of `max_tokens` tokens. Decode
     builds the used-group list itself from the mask (no reorder launch); token tiles read the reorder's."""
     G, gs, N = groups, group_size, n_dim
     W, U, RT = knobs.warps, knobs.unroll, knobs.rows
@@ -411,16 +482,22 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
     if N % (ROWS * RT):
         RT = 1
     NACC = RT * NT * 4
-    while W > 1 and W * NACC * 32 * 4 > SMEM_BYTES:  # the split-K partials must fit static shared memory
-        W //= 2
+    NWD = bit_words(MT)
+    list_bytes = lambda w: (G + 1 + w + NWD * (G + 1)) * 4  # noqa: E731  the used list, scratch, bit sets
     direct = not token_tiles
     VEC = RT * 2  # 16-byte weight vectors per lane and chunk
-    S, U, W = _fit_ring(knobs.stages if direct else 0, U, W, VEC,
-                        lambda w: w * NACC * 32 * 4 + (2 * G + 2 + w) * 4)  # + the used list and bit sets
+    U, W = fit_registers(U, MT), fit_partials(W, NACC, list_bytes(W))
+    S, U, W = _fit_ring(knobs.stages if direct else 0, U, W, VEC, lambda w: w * NACC * 32 * 4 + list_bytes(w))
+    RB = _row_warps(knobs.row_warps if direct else 1, W, N // (ROWS * RT))  # a block's row-tile groups
+    KS = W // RB  # warps splitting K per row-tile group
     BITS = G + 1 + W  # where the decode token bit sets start in the shared list buffer
 
     def chunk(s, u, wy):
-        return (s * U + u) * W + wy
+        return (s * U + u) * KS + wy // RB
+
+    def tile(bx, wy, rt):
+        """Weight row tile rt of this warp's row-tile group."""
+        return (bx * RB + wy % RB) * RT + rt
 
     def kchunk(g, s, u, wy, nch):
         """K chunk of this lane's u-th load in group g; chunks past the used ones repeat the last (zeroed)."""
@@ -437,7 +514,7 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
 
     def nsteps(nch):
         """Steps of U chunks per warp that cover the nch used K chunks."""
-        return (nch + U * W - 1) // (U * W)
+        return (nch + U * KS - 1) // (U * KS)
 
     @T.macro
     def keeps(keep, mask, sused, g, s, u, wy, by, j, lane, n, nch):
@@ -445,7 +522,7 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
         sets; token tiles: the mask, loaded unconditionally and then tested)."""
         if direct:
             keep[u * NT + j] = T.bitwise_and(T.shift_right(
-                sused[BITS + T.min(chunk(s, u, wy), nch - 1) // LPG], j * 8 + lane // 4), 1)
+                sused[BITS + j // 4 * (G + 1) + T.min(chunk(s, u, wy), nch - 1) // LPG], j % 4 * 8 + lane // 4), 1)
         else:
             keep[u * NT + j] = mask[tok(by, j, lane, n), g]
         keep[u * NT + j] = T.Select(chunk(s, u, wy) < nch and by * MT + j * 8 + lane // 4 < T.Cast("int32", n)
@@ -464,7 +541,7 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                 for h in T.unroll(2):
                     T.ptx["cp.async.cg.shared.global"](
                         ring.ptr_to([_ring_at(wy, step % S, u, rt * 2 + h, lane, S, U, VEC)]),
-                        w.ptr_to([bx * RT + rt, ((ring_chunk(sused, step, u, wy, nch) * 2 + h) * 32 + lane) * 8]),
+                        w.ptr_to([tile(bx, wy, rt), ((ring_chunk(sused, step, u, wy, nch) * 2 + h) * 32 + lane) * 8]),
                         16)
         T.ptx["cp.async.commit_group"]()
 
@@ -488,11 +565,11 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
 
     @T.macro
     def body(a, w, mask, used, out, n):
-        for bx in T.thread_binding(N // (ROWS * RT), thread="blockIdx.x"):
+        for bx in T.thread_binding(N // (ROWS * RT * RB), thread="blockIdx.x"):
             for by in T.thread_binding(ytiles(n), thread="blockIdx.y"):
                 red = T.decl_buffer((W * NACC * 32,), "float32", scope="shared")
                 # the used-group list, read every chunk (+ scratch for building it, + decode token bit sets)
-                sused = T.decl_buffer((BITS + G + 1,), "int32", scope="shared")
+                sused = T.decl_buffer((BITS + NWD * (G + 1),), "int32", scope="shared")
                 ring = T.decl_buffer((max(1, W * S * U * VEC * 256),), "float16", scope="shared")
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
@@ -541,7 +618,7 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                                         for rt in T.unroll(RT):
                                             for h in T.unroll(2):
                                                 for v in T.vectorized(8):
-                                                    wreg[((u * RT + rt) * 2 + h) * 8 + v] = w[bx * RT + rt, ((kchunk(
+                                                    wreg[((u * RT + rt) * 2 + h) * 8 + v] = w[tile(bx, wy, rt), ((kchunk(
                                                         sused[T.min(chunk(s, u, wy), nch[0] - 1) // LPG], s, u, wy,
                                                         nch[0]) * 2 + h) * 32 + lane) * 8 + v]
                                     load_ax(xreg, keep, greg, a, mask, sused, by, s, wy, lane, n, nch[0])
@@ -553,14 +630,14 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
                         tot = T.decl_buffer((1,), "float32", scope="local")
-                        if wy == 0:
+                        if wy < RB:
                             for rt in T.unroll(RT):
                                 for j in T.unroll(NT):
                                     for e in T.unroll(4):
                                         if by * MT + j * 8 + lane % 4 * 2 + e % 2 < T.Cast("int32", n):
-                                            _sum_over_warps(red, tot, 0, (rt * NT + j) * 4 + e, W, NACC, lane)
+                                            _sum_over_warps(red, tot, 0, (rt * NT + j) * 4 + e, wy, RB, KS, NACC, lane)
                                             out[by * MT + j * 8 + lane % 4 * 2 + e % 2,
-                                                (bx * RT + rt) * ROWS + lane // 4 + 8 * (e // 2)] = \
+                                                tile(bx, wy, rt) * ROWS + lane // 4 + 8 * (e // 2)] = \
                                                 T.Cast("float16", tot[0])
 
     return body

@@ -18,8 +18,6 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .gemv import MAX_TOKENS
-
 SERIAL_TOKENS = 16  # up to this many tokens (decode) one thread per group partitions serially: one launch
 
 
@@ -28,11 +26,11 @@ def _popc(x):
     return T.call_pure_extern("int32", "__popc", x)
 
 
-def mask_reorder(groups: int, target_kind: str, decode_free: bool = False) -> tirx.PrimFunc:
+def mask_reorder(groups: int, target_kind: str, direct_tokens: int = 0) -> tirx.PrimFunc:
     """mask [n, G] int32 (nonzero = execute) -> counts [G], order [G, n], used [G + 1] (all int32).
 
-    `decode_free` (CUDA): every consumer is a tensor-core kernel, whose decode variants (n <= MAX_TOKENS)
-    read the mask themselves; for such n this launches nothing and leaves the outputs unwritten."""
+    `direct_tokens` (CUDA): every consumer is a tensor-core kernel whose direct variants read the mask
+    themselves up to this many tokens; for such n this launches nothing and leaves the outputs unwritten."""
     G = groups
 
     @T.macro
@@ -172,7 +170,7 @@ def mask_reorder(groups: int, target_kind: str, decode_free: bool = False) -> ti
             counts = T.match_buffer(counts_h, (G,), "int32")
             order = T.match_buffer(order_h, (G, n), "int32")
             used = T.match_buffer(used_h, (G + 1,), "int32")
-            if decode_free and n <= MAX_TOKENS:  # decided on the host: the decode kernels need no reorder
+            if direct_tokens > 0 and n <= direct_tokens:  # decided on the host: the direct kernels need no reorder
                 T.evaluate(0)
             elif n <= SERIAL_TOKENS:  # few tokens, one launch
                 single_block(mask, counts, order, used, n, True)

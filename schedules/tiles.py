@@ -26,3 +26,44 @@ def tile_config(target_kind: str, columns: int) -> TileConfig:
     if target_kind == "llvm":
         return TileConfig(bm=8, bn=_largest_divisor(columns, 64))
     raise ValueError(f"no tile configuration for target kind {target_kind!r}")
+
+
+CPU_BUCKETS = (1, 16)  # CPU kernels: one tile per bucket (1 token, <= 16 tokens, more), each tuned apart
+
+
+def cpu_tiles(tile, default: TileConfig) -> tuple[TileConfig, ...]:
+    """One tile per CPU bucket (len(CPU_BUCKETS) + 1) from None (the default everywhere), one TileConfig
+    (every bucket) or a tuple with one per bucket."""
+    if tile is None:
+        tile = default
+    if isinstance(tile, TileConfig):
+        return (tile,) * (len(CPU_BUCKETS) + 1)
+    tiles = tuple(tile)
+    if len(tiles) != len(CPU_BUCKETS) + 1:
+        raise ValueError(f"{len(tiles)} CPU tiles; the CPU kernels have {len(CPU_BUCKETS) + 1} token buckets "
+                         f"(<= {', <= '.join(map(str, CPU_BUCKETS))}, more)")
+    return tiles
+
+
+def cpu_kernels(tile, default: TileConfig, make_body):
+    """Macro (n, *args) running the CPU kernel body of n's token bucket; make_body(TileConfig) builds one, and
+    buckets with the same tile share it."""
+    from .dispatch import token_dispatch
+
+    tiles = cpu_tiles(tile, default)
+    bodies = {t: make_body(t) for t in set(tiles)}
+    return token_dispatch([(b, bodies[t]) for b, t in zip(CPU_BUCKETS + (None,), tiles)])
+
+
+def tiles_from_log(entry) -> TileConfig | tuple[TileConfig, ...]:
+    """The tiles of a tuning log's "cpu" entry: {"bm", "bn"} for every bucket, or a list of one per bucket."""
+    if isinstance(entry, dict):
+        return TileConfig(**entry)
+    return tuple(TileConfig(**e) for e in entry)
+
+
+def tile_dims(tile: TileConfig, width: int, what: str) -> tuple[int, int]:
+    """(BM, BN) of a tile whose BN columns must divide `width` (`what` names it in the error)."""
+    if width % tile.bn:
+        raise ValueError(f"tile width {tile.bn} does not divide {what} {width}")
+    return tile.bm, tile.bn

@@ -42,16 +42,20 @@ def test_model_builds_for_cuda(exported, tmp_path):
 
 
 def test_decode_kernels_use_tensor_cores_and_dispatch_on_tokens():
-    """fp16 weights in tensor-core tiles get four tensor-core kernels per gated GEMM, picked per call on the
-    host: 1 token, <= 8 tokens, <= 16 tokens (each with its own tuned knobs), and tiles of 64 sorted tokens;
-    they load 16-byte vectors into registers."""
+    """fp16 weights in tensor-core tiles get one tensor-core kernel per token bucket, picked per call on the
+    host: direct kernels that read the mask for 1, <= 8, <= 16, <= 32 (and, gemm_k, <= 64) tokens, each with its
+    own tuned knobs, then tiles of 64 sorted tokens; they load 16-byte vectors into registers."""
+    from wide_tvm.schedules.gemv import DECODE_BUCKETS, DIRECT_TOKENS
+
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    for name, func in {"mn": gemm_mn(8, 64, 256, "float16", "tc", True, "cuda"),
-                       "k": gemm_k(8, 64, 256, "float16", "tc", "cuda")}.items():
+    for name, func in {"gemm_mn": gemm_mn(8, 64, 256, "float16", "tc", True, "cuda"),
+                       "gemm_k": gemm_k(8, 64, 256, "float16", "tc", "cuda")}.items():
         with target:
             lib = tvm.compile(tvm.IRModule({name: func.with_attr("global_symbol", name)}), target)
         src = lib.mod.imports[0].inspect_source()
-        assert src.count("__global__ void") == 2 * 4, name  # declaration + definition: 1, <=8, <=16, token tiles
+        kernels = sum(b <= DIRECT_TOKENS[name] for b in DECODE_BUCKETS) + 1  # + the token tiles
+        assert kernels == {"gemm_mn": 5, "gemm_k": 6}[name]
+        assert src.count("__global__ void") == 2 * kernels, name  # declaration + definition
         assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src, name
         assert "*(uint4*)(wreg_ptr" in src, name  # vectorised weight loads into registers
         assert "__syncthreads()" in src, name  # fixed-order split-K reduction through shared memory
@@ -59,11 +63,13 @@ def test_decode_kernels_use_tensor_cores_and_dispatch_on_tokens():
 
 def test_decode_knobs_cp_async_ring_and_row_tiles():
     """The `stages` knob streams decode weights through a cp.async ring; rings that would overflow static shared
-    memory shrink (stages, then unroll, then warps) instead of failing to build."""
+    memory shrink (stages, then unroll, then warps) instead of failing to build. Row tiles per block
+    (`row_warps`) build with and without the ring."""
     from wide_tvm.schedules.gemv import SMEM_BYTES, GemvKnobs, _fit_ring
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    kn = (GemvKnobs(8, 2, 1, 3), GemvKnobs(8, 2, 2, 4), GemvKnobs(4, 4, 1, 4))
+    kn = (GemvKnobs(8, 2, 1, 3), GemvKnobs(8, 2, 2, 4), GemvKnobs(4, 4, 1, 4), GemvKnobs(8, 1, 1, 2, 4),
+          GemvKnobs(8, 2, 2, 0, 2))
     with target:
         lib = tvm.compile(tvm.IRModule({"mn": gemm_mn(8, 64, 256, "float16", "tc", True, "cuda", decode_knobs=kn)
                                         .with_attr("global_symbol", "mn"),
@@ -71,6 +77,8 @@ def test_decode_knobs_cp_async_ring_and_row_tiles():
                                         .with_attr("global_symbol", "k")}), target)
     src = lib.mod.imports[0].inspect_source()
     assert "cp.async.cg.shared.global" in src and "cp.async.wait_group" in src
+    with pytest.raises(ValueError, match="knobs for 3 token buckets"):
+        gemm_k(8, 64, 256, "float16", "tc", "cuda", decode_knobs=kn[:3])
     stages, unroll, warps = _fit_ring(4, 4, 16, 4, lambda w: w * 1024)
     assert warps * stages * unroll * 4 * 512 + warps * 1024 <= SMEM_BYTES and stages >= 2
 
@@ -113,12 +121,12 @@ def test_bench_build_for_cuda(tmp_path):
 
 def test_mask_reorder_has_serial_and_parallel_paths():
     """Few tokens: one launch; many tokens: a block per group with a block scan, then the used list. When
-    every consumer is a tensor-core kernel (`decode_free`), few tokens launch nothing: those kernels read the
-    mask themselves."""
+    every consumer is a tensor-core kernel (`direct_tokens`), token counts up to that bound launch nothing: those
+    kernels read the mask themselves."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     with target:
         lib = tvm.compile(tvm.IRModule({"r": mask_reorder(112, "cuda").with_attr("global_symbol", "r"),
-                                        "f": mask_reorder(112, "cuda", decode_free=True).with_attr(
+                                        "f": mask_reorder(112, "cuda", direct_tokens=32).with_attr(
                                             "global_symbol", "f")}), target)
     src = lib.mod.imports[0].inspect_source()
     assert "r_kernel_2(" in src and "f_kernel_1(" in src and "f_kernel_2(" not in src  # 3 kernels, and 2

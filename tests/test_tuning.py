@@ -16,18 +16,16 @@ from wide_tvm.schedules import gemm_k, gemm_mn
 from wide_tvm.schedules.tiles import TileConfig
 
 
-@pytest.mark.parametrize("bm,bn", [(1, 8), (4, 16), (8, 32)])
-@pytest.mark.parametrize("layout", ["nk", "kn"])
-def test_cpu_kernels_correct_for_every_tile(bm, bn, layout):
-    """Every knob candidate the CPU tuner can pick computes the same thing (odd token counts included)."""
-    groups, gs, dim = 4, 32, 48
-    rng = np.random.default_rng(bm * 10 + bn)
-    mn = build_cpu(gemm_mn(groups, gs, dim, "float32", layout, True, "llvm", cpu_tile=TileConfig(bm, bn)))
-    k = build_cpu(gemm_k(groups, gs, 64, "float32", layout, "llvm", cpu_tile=TileConfig(bm, bn)))
+def _check_cpu_kernels(tile, layout: str, token_counts, seed: int) -> None:
+    """Our CPU gemm_mn (SwiGLU) and gemm_k with `tile` (one TileConfig or one per CPU bucket) against NumPy."""
     import tvm
 
+    groups, gs, dim = 4, 32, 48
+    rng = np.random.default_rng(seed)
+    mn = build_cpu(gemm_mn(groups, gs, dim, "float32", layout, True, "llvm", cpu_tile=tile))
+    k = build_cpu(gemm_k(groups, gs, 64, "float32", layout, "llvm", cpu_tile=tile))
     t = lambda a: tvm.runtime.tensor(np.ascontiguousarray(a))  # noqa: E731
-    for tokens in (1, 5, 13):
+    for tokens in token_counts:
         mask = make_mask("random", tokens, groups, rng)
         counts, order, used = ref_mask_reorder(mask)
         x = rng.standard_normal((tokens, dim)).astype("float32")
@@ -35,12 +33,31 @@ def test_cpu_kernels_correct_for_every_tile(bm, bn, layout):
         wg, wu = (rng.standard_normal(wshape).astype("float32") for _ in range(2))
         out = t(np.full((tokens, groups * gs), np.nan, "float32"))
         mn(t(x), t(wg), t(wu), t(mask), t(counts), t(order), t(used), out)
-        assert rel_err(out.numpy(), ref_gemm_mn(x, wg, wu, mask, gs, layout, True)) < 1e-5
+        assert rel_err(out.numpy(), ref_gemm_mn(x, wg, wu, mask, gs, layout, True)) < 1e-5, tokens
         a = rng.standard_normal((tokens, groups * gs)).astype("float32")
         w = rng.standard_normal((64, groups * gs) if layout == "nk" else (groups * gs, 64)).astype("float32")
         out = t(np.full((tokens, 64), np.nan, "float32"))
         k(t(a), t(w), t(mask), t(counts), t(order), t(used), out)
-        assert rel_err(out.numpy(), ref_gemm_k(a, w, mask, gs, layout)) < 1e-5
+        assert rel_err(out.numpy(), ref_gemm_k(a, w, mask, gs, layout)) < 1e-5, tokens
+
+
+@pytest.mark.parametrize("bm,bn", [(1, 8), (4, 16), (8, 32)])
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_cpu_kernels_correct_for_every_tile(bm, bn, layout):
+    """Every knob candidate the CPU tuner can pick computes the same thing (odd token counts included)."""
+    _check_cpu_kernels(TileConfig(bm, bn), layout, (1, 5, 13), seed=bm * 10 + bn)
+
+
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_cpu_kernels_take_one_tile_per_token_bucket(layout):
+    """Each CPU token bucket (1, <= 16, more) runs its own tile: token counts on both sides of every bound agree
+    with the reference; a tile list of the wrong length is refused."""
+    from wide_tvm.schedules.tiles import CPU_BUCKETS
+
+    tiles = (TileConfig(1, 8), TileConfig(4, 16), TileConfig(8, 32))
+    _check_cpu_kernels(tiles, layout, (1, 2, CPU_BUCKETS[1], CPU_BUCKETS[1] + 1, 37), seed=7)
+    with pytest.raises(ValueError, match="2 CPU tiles"):
+        gemm_k(4, 32, 64, "float32", layout, "llvm", cpu_tile=tiles[:2])
 
 
 def test_knob_file_merges_and_rejects_garbage(tmp_path):
@@ -61,7 +78,8 @@ def test_wide_tune_cpu_resumes_and_compile_applies_it(exported, tmp_path, capsys
     out = str(tmp_path / "tl")
     assert tune_main([path, "--target", "llvm", "--out", out]) == 0
     entries = kernel_knobs.load(out)
-    assert len(entries) == 3 and all("cpu" in e for e in entries.values())  # gate/up, down, o_proj
+    assert len(entries) == 3 and all(len(e["cpu"]) == 3 for e in entries.values())  # gate/up, down, o_proj;
+    # one tile per CPU token bucket
     capsys.readouterr()
     assert tune_main([path, "--target", "llvm", "--out", out]) == 0  # resumes: nothing left to tune
     assert "already tuned" in capsys.readouterr().out
@@ -86,34 +104,41 @@ def test_tuned_knobs_reach_the_kernels():
     entries = {key: {"cpu": {"bm": 4, "bn": 16}, "decode": [[32, 2], [16, 1]]}}
     cpu = _State("llvm", {}, None, entries)
     gpu = _State("cuda", {}, None, entries)
-    assert _tuned(cpu, "gemm_k", 112, 128, 4096, "float16") == {"cpu_tile": TileConfig(4, 16)}
-    # a two-bucket log (written before the 1-token bucket) gives its <= 8 knobs to 1 token as well
+    assert _tuned(cpu, "gemm_k", 112, 128, 4096, "float16") == {"cpu_tile": TileConfig(4, 16)}  # every bucket
+    per_bucket = {key: {"cpu": [{"bm": 1, "bn": 8}, {"bm": 4, "bn": 16}, {"bm": 8, "bn": 64}]}}
+    assert _tuned(_State("llvm", {}, None, per_bucket), "gemm_k", 112, 128, 4096, "float16") == {
+        "cpu_tile": (TileConfig(1, 8), TileConfig(4, 16), TileConfig(8, 64))}
+    # a two-bucket log (written before the 1-token bucket) gives its <= 8 knobs to 1 token as well; the
+    # buckets it predates (32, 64 tokens) keep the defaults
     assert _tuned(gpu, "gemm_k", 112, 128, 4096, "float16") == {
-        "decode_knobs": (GemvKnobs(32, 2), GemvKnobs(32, 2), GemvKnobs(16, 1))}
+        "decode_knobs": (GemvKnobs(32, 2), GemvKnobs(32, 2), GemvKnobs(16, 1), GemvKnobs(), GemvKnobs())}
     assert _tuned(gpu, "gemm_k", 112, 128, 2048, "float16") == {}
 
 
 def test_wide_tune_from_gpu_sweep(tmp_path):
     sweep = {"best": {f"{w}/{b}": {"warps": 8, "unroll": 2 if b > 1 else 4, "rows": 1 + (w == "down_g128"),
-                                    "summed_us": 40.0 + b, "tokens": {1: [1], 8: [4, 8], 16: [16]}[b]}
-                      for w in ("gate_up_g128", "down_g128") for b in (1, 8, 16)}}
+                                    "summed_us": 40.0 + b, "tokens": {1: [1], 8: [4, 8], 16: [16], 32: [32],
+                                                                      64: [64]}[b]}
+                      for w in ("gate_up_g128", "down_g128") for b in (1, 8, 16, 32, 64)}}
     (tmp_path / "sweep.json").write_text(json.dumps(sweep))
     out = str(tmp_path / "cuda")
     assert tune_main(["--target", "cuda", "--from-sweep", str(tmp_path / "sweep.json"), "--out", out]) == 0
     entries = kernel_knobs.load(out)
     assert entries[kernel_knobs.kernel_key("gemm_mn_swiglu", 112, 128, 4096, "float16")]["decode"] == [
-        [8, 4, 1, 0], [8, 2, 1, 0], [8, 2, 1, 0]]
+        [8, 4, 1, 0, 1]] + [[8, 2, 1, 0, 1]] * 4
     down = entries[kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16")]
-    assert down["decode"] == [[8, 4, 2, 0], [8, 2, 2, 0], [8, 2, 2, 0]] and down["timed_at_tokens"] == [[1], [4, 8], [16]]
+    assert down["decode"] == [[8, 4, 2, 0, 1]] + [[8, 2, 2, 0, 1]] * 4
+    assert down["timed_at_tokens"] == [[1], [4, 8], [16], [32], [64]]
     from wide_tvm.passes.lower_gated import _State, _tuned
     from wide_tvm.schedules.gemv import GemvKnobs
 
     assert _tuned(_State("cuda", {}, None, entries), "gemm_k", 112, 128, 4096, "float16") == {
-        "decode_knobs": (GemvKnobs(8, 4, 2), GemvKnobs(8, 2, 2), GemvKnobs(8, 2, 2))}
+        "decode_knobs": (GemvKnobs(8, 4, 2),) + (GemvKnobs(8, 2, 2),) * 4}
     from wide_tvm.bench import workloads
     from wide_tvm.schedules import gemv
 
-    assert workloads.DECODE_BUCKETS == gemv.DECODE_BUCKETS  # the GPU-side copy of the bucket limits
+    assert workloads.DECODE_BUCKETS == gemv.DECODE_BUCKETS  # the GPU-side copies of the bucket limits
+    assert workloads.DIRECT_TOKENS == gemv.DIRECT_TOKENS
 
 
 def test_wide_tune_errors(exported, tmp_path, capsys):
@@ -130,11 +155,12 @@ def test_bench_report_table_and_plot(tmp_path):
 
     rows = [{"workload": w, "tokens": m, "sparsity": 0.5, "mask": "random", "cublas_us": 40.0, "tvm_dense_us": 90.0,
              "ours_us": 30.0 * m, "reorder_us": 4.0, "speedup_vs_cublas": 40 / (30.0 * m),
-             "limit_speedup_vs_cublas": 2.0, "dense_limit_speedup": 2.0, "rel_err": 3e-4}
+             "limit_speedup_vs_cublas": 2.0, "limit_us": 20.0, "dense_limit_speedup": 2.0, "rel_err": 3e-4}
             for w in ("gate_up", "down") for m in (1, 4)]
     result = {"device": "test", "timer": "t", "limits": {"bandwidth_gbs": 4000.0, "tensor_tflops": 700.0}, "rows": rows}
     table = report.markdown(result)
     assert table.count("\n| gate_up |") == 2 and "| 1.33x |" in table
+    assert "| 67% |" in table and "| 17% |" in table  # ours / roofline: 20 us of 30 us (M = 1), of 120 us (M = 4)
     png = report.plot(result, str(tmp_path / "p.png"))
     assert open(png, "rb").read(4) == b"\x89PNG"
 

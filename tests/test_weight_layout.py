@@ -81,8 +81,10 @@ def test_fp16_model_stores_tensor_core_tiles_for_cuda(tmp_path):
     export_model(model, example_inputs(cfg), path)
     compiled = wide_tvm.compile(path, "cuda")
     ffn = [layer for layer in compiled.layers if layer.kind == "ffn"]
-    # gate/up and down read tiles, and their reorder is the decode-free one (the decode kernels read the mask)
-    assert ffn and all(all(k.endswith("_tc") for k in layer.kernels) for layer in ffn)
+    # gate/up and down read tiles, and their reorder runs nothing up to 32 tokens (the direct kernels of both,
+    # gate/up's up to 32 tokens and down's up to 64, read the mask themselves)
+    assert ffn and all(layer.kernels[0].endswith("_d32") and all(k.endswith("_tc") for k in layer.kernels[1:])
+                       for layer in ffn)
     stored = dict(zip(compiled.model.weight_names, compiled.model.weights))
     gate = stored[ffn[0].weights[0]]
     assert gate.shape == (cfg.intermediate_size // 16, 16 * cfg.hidden_size) and gate.dtype == np.float16

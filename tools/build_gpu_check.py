@@ -37,8 +37,8 @@ KERNELS = [
     ("mask_reorder", 6, 0, 0, "int32", ""),
     ("mask_reorder", 112, 0, 0, "int32", ""),
     ("mask_reorder", 448, 0, 0, "int32", ""),
-    # Llama-3.1-8B shapes in tensor-core tiles ("tc"): <= 8 and <= 16 tokens run the decode kernels, more
-    # the 64-token tiles
+    # Llama-3.1-8B shapes in tensor-core tiles ("tc"): up to 64 tokens run the direct kernels (buckets 1, 8,
+    # 16, 32, 64), more the 64-token tiles
     ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc"),
     ("gemm_k", 112, 128, 4096, "float16", "tc"),
     ("gemm_mn_swiglu", 448, 32, 4096, "float16", "tc"),
@@ -57,6 +57,14 @@ KERNELS = [
     ("gemm_k", 112, 128, 4096, "float16", "tc", (16, 1, 1, 2)),
     ("gemm_k", 448, 32, 4096, "float16", "tc", (16, 2, 2, 0)),
     ("gemm_k", 6, 32, 64, "float16", "tc", (4, 2, 2, 4)),
+    # row tiles per block (row_warps), alone and with the ring / row tiles per warp
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", (16, 2, 1, 0, 4)),
+    ("gemm_mn_swiglu", 448, 32, 4096, "float16", "tc", (8, 1, 1, 2, 4)),
+    ("gemm_k", 112, 128, 4096, "float16", "tc", (32, 1, 1, 0, 8)),
+    ("gemm_k", 448, 32, 4096, "float16", "tc", (16, 1, 2, 2, 4)),
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", (16, 2, 1, 0, 4)),
+    ("gemm_k", 6, 32, 64, "float16", "tc", (8, 1, 2, 2, 2)),
+    ("gemm_mn_swiglu", 6, 32, 64, "float16", "tc", (4, 1, 1, 0, 2)),
 ]
 
 

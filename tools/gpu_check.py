@@ -22,7 +22,7 @@ from wide_tvm.model import WideConfig, WideForCausalLM, build_example, example_i
 from wide_tvm.runtime import _ensure_cuda_runtime
 from wide_tvm.weight_layout import pack
 
-TOKENS = (1, 5, 8, 9, 16, 17, 33, 100, 700)
+TOKENS = (1, 5, 8, 9, 16, 17, 32, 33, 63, 64, 65, 100, 700)
 
 
 def check_example(build_dir: str, rows: list, name: str = "example") -> None:
@@ -100,7 +100,7 @@ def check_kernels(build_dir: str, rows: list) -> None:
             n = g * gs
             wshape = (dim, n) if layout == "kn" else (n, dim)
             wg, wu = (randn(*wshape, dtype=dtype, scale=1 / np.sqrt(dim)) for _ in range(2))
-        for t in TOKENS if not big else (1, 4, 8, 9, 16, 17, 33, 130):
+        for t in TOKENS if not big else (1, 4, 8, 9, 16, 17, 31, 32, 33, 47, 64, 65, 130):
             for kind in MASK_KINDS:
                 mask_np = make_mask(kind, t, g, rng)
                 mask = torch.from_numpy(mask_np).cuda()

@@ -143,6 +143,9 @@ def bench_main(argv=None) -> int:
     r.add_argument("--masks", nargs="+")
     r.add_argument("--only", nargs="+", help="workload names")
     r.add_argument("--sweep", action="store_true", help="time the decode knob candidates instead")
+    r.add_argument("--timer", choices=("events", "do_bench"), default="events",
+                   help="events: CUDA events after an L2 flush by a read (default); do_bench: triton's do_bench, "
+                        "whose L2 flush leaves dirty lines that the timed call writes back")
     c = sub.add_parser("cpu", help="time the llvm kernels on this machine's CPU; writes JSON")
     c.add_argument("--json", required=True)
     c.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64])
@@ -176,14 +179,14 @@ def bench_main(argv=None) -> int:
             if args.sweep:
                 import json
 
-                result = measure.sweep(args.dir, tuple(args.tokens or (1, 4, 8, 16)))
+                result = measure.sweep(args.dir, tuple(args.tokens or measure.SWEEP_TOKENS), timer=args.timer)
                 with open(args.json, "w") as f:
                     json.dump(result, f, indent=1)
                 print(f"wrote {args.json}: best {result['best']}")
                 return 0
             result = measure.run(args.dir, tuple(args.tokens or workloads.TOKENS),
                                  tuple(args.sparsity or workloads.SPARSITIES), tuple(args.masks or workloads.MASKS),
-                                 args.only, json_path=args.json)
+                                 args.only, json_path=args.json, timer=args.timer)
             print(f"wrote {args.json}: {len(result['rows'])} measurements")
         else:
             from .bench import report

@@ -22,7 +22,7 @@ from .errors import WideError
 
 CPU_BM = (1, 4, 8)
 CPU_BN = (8, 32, 64, 256)
-CPU_TOKENS = (1, 16, 64)  # buckets timed on the CPU; the knobs win on their summed time
+CPU_TOKENS = (1, 16, 64)  # token counts timed on the CPU, one per bucket (schedules.tiles.CPU_BUCKETS)
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,12 @@ def time_call(fn, args, reps: int = 5) -> float:
 
 
 def tune_cpu(specs: list[KernelSpec], done: dict, force: bool, progress) -> dict:
+    """Per kernel and CPU token bucket, the tile that runs that bucket's token count fastest."""
+    from .schedules.tiles import CPU_BUCKETS
+
+    bucket_of = [next((i for i, b in enumerate(CPU_BUCKETS) if m <= b), len(CPU_BUCKETS)) for m in CPU_TOKENS]
+    if sorted(set(bucket_of)) != list(range(len(CPU_BUCKETS) + 1)):
+        raise WideError(f"CPU_TOKENS {CPU_TOKENS} must time every CPU bucket {CPU_BUCKETS}")
     rng = np.random.default_rng(0)
     entries = {}
     for spec in specs:
@@ -124,15 +130,18 @@ def tune_cpu(specs: list[KernelSpec], done: dict, force: bool, progress) -> dict
         cands = _cpu_candidates(spec)
         task = progress.add_task(spec.key, total=len(cands))
         inputs = [_cpu_inputs(spec, m, 0.5, rng) for m in CPU_TOKENS]
-        best = None
+        best = [None] * (len(CPU_BUCKETS) + 1)  # per bucket: (summed time of its token counts, tile)
         for tile in cands:
             fn = _build_cpu(spec, tile)
-            total = sum(time_call(fn, args) for args in inputs)
-            if best is None or total < best[0]:
-                best = (total, tile)
+            per_bucket = [0.0] * len(best)
+            for b, args in zip(bucket_of, inputs):
+                per_bucket[b] += time_call(fn, args)
+            for b, t in enumerate(per_bucket):
+                if best[b] is None or t < best[b][0]:
+                    best[b] = (t, tile)
             progress.advance(task)
-        entries[spec.key] = {"cpu": {"bm": best[1].bm, "bn": best[1].bn}, "us": round(best[0], 1),
-                             "tokens": list(CPU_TOKENS)}
+        entries[spec.key] = {"cpu": [{"bm": tile.bm, "bn": tile.bn} for _, tile in best],
+                             "us": [round(t, 1) for t, _ in best], "tokens": list(CPU_TOKENS)}
     return entries
 
 
@@ -151,7 +160,8 @@ def from_sweep(path: str) -> dict:
             continue
         kind = "gemm_k" if w.kind == "gemm_k" else ("gemm_mn_swiglu" if w.swiglu else "gemm_mn")
         entries[kernel_knobs.kernel_key(kind, w.groups, w.group_size, w.dim, w.dtype)] = {
-            "decode": [[p["warps"], p["unroll"], p.get("rows", 1), p.get("stages", 0)] for p in picks],
+            "decode": [[p["warps"], p["unroll"], p.get("rows", 1), p.get("stages", 0), p.get("row_warps", 1)]
+                       for p in picks],
             "us": [round(p.get("summed_us", p.get("kernel_us", 0.0)), 1) for p in picks],
             "timed_at_tokens": [p["tokens"] for p in picks]}
     return entries

@@ -56,8 +56,8 @@ def our_kernels(workloads: list[Workload], target_kind: str, sweep: bool = False
     funcs = {}
     for w in workloads:
         funcs[w.kernel] = _kernel(w, target_kind, tuned=tuned).with_attr("global_symbol", w.kernel)
-        decode_free = weight_layout_for(w, target_kind) == "tc"  # as LowerGatedLayers emits it for these kernels
-        funcs[w.reorder] = mask_reorder(w.groups, target_kind, decode_free).with_attr("global_symbol", w.reorder)
+        direct = w.direct_tokens if weight_layout_for(w, target_kind) == "tc" else 0  # as LowerGatedLayers does
+        funcs[w.reorder] = mask_reorder(w.groups, target_kind, direct).with_attr("global_symbol", w.reorder)
         if sweep and target_kind == "cuda":
             for v in variants(w):
                 knobs = GemvKnobs(*v)

@@ -23,7 +23,7 @@ def run_cpu(tokens=(1, 16, 64), sparsity: float = 0.5, knobs: dict | None = None
 
     from ..kernel_knobs import kernel_key
     from ..passes import LowerGatedLayers, wide_pipeline
-    from ..schedules.tiles import TileConfig
+    from ..schedules.tiles import tiles_from_log
     from ..targets import parse_target
     from .build import dense_module
 
@@ -37,7 +37,7 @@ def run_cpu(tokens=(1, 16, 64), sparsity: float = 0.5, knobs: dict | None = None
         kind = "gemm_mn_swiglu" if w.swiglu else w.kind
         spec = KernelSpec(kind, w.groups, w.group_size, w.dim, w.dtype, cpu_layout(w.kind))
         entry = (knobs or {}).get(kernel_key(kind, w.groups, w.group_size, w.dim, w.dtype), {})
-        tile = TileConfig(**entry["cpu"]) if "cpu" in entry else None
+        tile = tiles_from_log(entry["cpu"]) if "cpu" in entry else None
         fn = _build_cpu(spec, tile)
         wcat = (rng.standard_normal((w.n * w.weights, w.k)) / np.sqrt(w.k)).astype(w.dtype)
         wt = torch.from_numpy(wcat)

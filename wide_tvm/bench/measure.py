@@ -1,7 +1,7 @@
 """Time the built kernels on the GPU (TVM runtime only) next to torch.matmul, with their rooflines.
 
-Every time is the median of `triton.testing.do_bench` (warm-up excluded, L2 flushed between runs),
-falling back to CUDA events; weights rotate over enough copies to exceed the L2 cache.
+Every time is the median of CUDA-event-timed calls (warm-up excluded, the L2 flushed by a read before each
+call; `timer="do_bench"` uses triton's do_bench instead); weights rotate over enough copies to exceed the L2.
 """
 
 from __future__ import annotations
@@ -14,31 +14,42 @@ import numpy as np
 
 from ..kernel_reference import make_mask
 from ..weight_layout import pack
-from .workloads import DECODE_BUCKETS, MASKS, SPARSITIES, TOKENS, Workload, knob_name, variants
+from .workloads import DECODE_BUCKETS, MASKS, SPARSITIES, SWEEP_TOKENS, TOKENS, Workload, knob_name, variants
 
 
-def _timer():
-    try:
+TIMERS = ("events", "do_bench")
+
+
+def _timer(kind: str = "events"):
+    """(time_us(fn), description). "events": median of CUDA-event-timed calls, each after an L2 flush that
+    *reads* a buffer four times the L2 size, so the L2 holds only clean lines when the timed call starts.
+    "do_bench": triton.testing.do_bench, whose flush *writes* its buffer: the timed call then pays for
+    writing those ~L2-size dirty lines back to DRAM (10-12 us on the H200), which no model's kernel sees,
+    since the kernel before it leaves only its small output dirty. Memory-bound kernels feel that most."""
+    import torch
+
+    if kind == "do_bench":
         from triton.testing import do_bench
 
         return lambda fn: float(do_bench(fn, warmup=10, rep=40, return_mode="median")) * 1e3, "triton.do_bench median"
-    except ImportError:
-        import torch
+    if kind != "events":
+        raise ValueError(f"unknown timer {kind!r}; one of {', '.join(TIMERS)}")
+    flush = torch.ones(torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.float32, device="cuda")
 
-        def events(fn, reps=30):
-            for _ in range(3):
-                fn()
-            times = []
-            for _ in range(reps):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                fn()
-                e.record()
-                e.synchronize()
-                times.append(s.elapsed_time(e) * 1e3)
-            return float(np.median(times))
+    def events(fn, reps=50):
+        for _ in range(3):
+            fn()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for s, e in zip(starts, ends):
+            flush.sum()  # reads 4x the L2: weights and inputs leave it, and no dirty lines enter
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        return float(np.median([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]))
 
-        return events, "CUDA events median"
+    return events, "CUDA events median (L2 flushed by a read)"
 
 
 def _rotating(make, copies: int):
@@ -112,7 +123,7 @@ def _limit_us(w: Workload, m: int, mask: np.ndarray, limits: dict) -> float:
 
 
 def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only: list[str] | None = None,
-        progress=print, json_path: str | None = None) -> dict:
+        progress=print, json_path: str | None = None, timer: str = "events") -> dict:
     """Measure every workload; with `json_path`, the result so far is rewritten after each workload."""
     import torch
     import tvm
@@ -126,7 +137,7 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
         spec = json.load(f)
     ours = tvm.runtime.load_module(os.path.join(build_dir, "ours.so"))
     dense_vm = rvm.VirtualMachine(tvm.runtime.load_module(os.path.join(build_dir, "tvm_dense.so")), dev)
-    timer, how = _timer()
+    timer, how = _timer(timer)
     limits = device_limits(timer)
     progress(f"measured: DRAM {limits['bandwidth_gbs']:.0f} GB/s, dense fp16 tensor cores "
              f"{limits['tensor_tflops']:.0f} TFLOP/s")
@@ -200,13 +211,13 @@ def _check(w: Workload, x, wts, mask, out, call) -> float:
 
 
 def _bucket(m: int) -> int:
-    """The decode bucket (schedules.gemv.DECODE_BUCKETS: 1, 8, 16 tokens) whose kernel runs m tokens."""
+    """The direct-kernel bucket (schedules.gemv.DECODE_BUCKETS: 1, 8, 16, 32, 64 tokens) that runs m tokens."""
     return next(b for b in DECODE_BUCKETS if m <= b)
 
 
-def sweep(build_dir: str, tokens=(1, 4, 8, 16), sparsity: float = 0.5, progress=print) -> dict:
+def sweep(build_dir: str, tokens=SWEEP_TOKENS, sparsity: float = 0.5, progress=print, timer: str = "events") -> dict:
     """Time every decode knob candidate (built by `wide-bench build --sweep`) on random masks, checking each
-    one's output against torch; pick per workload and token bucket (1, <= 8, <= 16) the least summed time."""
+    one's output against torch; pick per workload and token bucket (1, <= 8, <= 16, <= 32, <= 64) the least summed time."""
     import torch
     import tvm
 
@@ -216,7 +227,7 @@ def sweep(build_dir: str, tokens=(1, 4, 8, 16), sparsity: float = 0.5, progress=
     with open(os.path.join(build_dir, "bench.json")) as f:
         spec = json.load(f)
     ours = tvm.runtime.load_module(os.path.join(build_dir, "ours.so"))
-    timer, how = _timer()
+    timer, how = _timer(timer)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     tv = tvm.runtime.from_dlpack
     rng = np.random.default_rng(1)
@@ -252,5 +263,6 @@ def sweep(build_dir: str, tokens=(1, 4, 8, 16), sparsity: float = 0.5, progress=
     for key, per_knob in totals.items():  # per token bucket, the knobs with the least summed time over its counts
         name, (v, t, ms) = min(per_knob.items(), key=lambda kv: kv[1][1])
         best[key] = {"knobs": name, "warps": v[0], "unroll": v[1], "rows": v[2] if len(v) > 2 else 1,
-                     "stages": v[3] if len(v) > 3 else 0, "summed_us": t, "tokens": ms}
+                     "stages": v[3] if len(v) > 3 else 0, "row_warps": v[4] if len(v) > 4 else 1,
+                     "summed_us": t, "tokens": ms}
     return {"device": torch.cuda.get_device_name(0), "timer": how, "sparsity": sparsity, "rows": rows, "best": best}

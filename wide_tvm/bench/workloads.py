@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-TOKENS = (1, 4, 8, 16, 64, 512, 4096)
-DECODE_BUCKETS = (1, 8, 16)  # = schedules.gemv.DECODE_BUCKETS (the GPU host cannot import the kernels)
+TOKENS = (1, 4, 8, 16, 32, 64, 512, 4096)
+SWEEP_TOKENS = (1, 4, 8, 16, 32, 64)
+DIRECT_TOKENS = {"gemm_mn": 32, "gemm_k": 64}  # = schedules.gemv.DIRECT_TOKENS  # token counts the knob sweep times: every DECODE_BUCKETS bucket
+DECODE_BUCKETS = (1, 8, 16, 32, 64)  # = schedules.gemv.DECODE_BUCKETS (the GPU host cannot import the kernels)
 SPARSITIES = (0.25, 0.5, 0.75)
 MASKS = ("random", "skewed")
 
@@ -44,8 +46,14 @@ class Workload:
         return f"bench_{self.name}"
 
     @property
+    def direct_tokens(self) -> int:
+        """Token counts up to which the tensor-core kernel reads the mask itself (schedules.gemv.DIRECT_TOKENS)."""
+        return DIRECT_TOKENS[self.kind]
+
+    @property
     def reorder(self) -> str:
-        return f"bench_reorder_g{self.groups}"
+        """The mask reorder this kernel is measured with (it launches nothing up to `direct_tokens`)."""
+        return f"bench_reorder_g{self.groups}_d{self.direct_tokens}"
 
     @property
     def dense(self) -> str:
@@ -66,11 +74,12 @@ LLAMA_8B = [
 ]
 
 
-# Decode-kernel knob candidates (warps splitting K, K chunks per warp and step[, 16-row tiles per warp[,
-# cp.async ring stages]]); the sweep times each.
-MN_VARIANTS = ((4, 4), (8, 4), (8, 2), (16, 2), (16, 1), (4, 1, 1, 4), (4, 2, 1, 2), (8, 1, 1, 2), (2, 2, 1, 4))
-K_VARIANTS = ((8, 4), (16, 2), (16, 4), (32, 1), (32, 2), (8, 2, 2), (16, 2, 2), (16, 1, 1, 2), (8, 1, 1, 4),
-              (8, 2, 1, 2), (4, 2, 1, 4))
+# Decode-kernel knob candidates (warps, K chunks per warp and step[, 16-row tiles per warp[, cp.async ring
+# stages[, row tiles per block, whose warps share activation loads through L1]]]); the sweep times each.
+MN_VARIANTS = ((4, 4), (8, 4), (8, 2), (16, 2), (16, 1), (4, 2, 1, 2), (8, 1, 1, 2),
+               (8, 2, 1, 0, 4), (16, 2, 1, 0, 4), (16, 1, 1, 0, 8), (8, 1, 1, 2, 4))
+K_VARIANTS = ((16, 2), (16, 4), (32, 1), (32, 2), (8, 2, 2), (16, 2, 2), (16, 1, 1, 2),
+              (16, 2, 1, 0, 4), (16, 4, 1, 0, 4), (32, 1, 1, 0, 8), (32, 2, 1, 0, 4), (16, 1, 1, 2, 4))
 
 
 def variants(w: Workload) -> tuple:
@@ -80,4 +89,4 @@ def variants(w: Workload) -> tuple:
 def knob_name(v: tuple) -> str:
     """GemvKnobs(*v).name(), without importing the kernels (the GPU host runs this from the source tree)."""
     return (f"w{v[0]}u{v[1]}" + (f"r{v[2]}" if len(v) > 2 and v[2] > 1 else "")
-            + (f"s{v[3]}" if len(v) > 3 and v[3] else ""))
+            + (f"s{v[3]}" if len(v) > 3 and v[3] else "") + (f"b{v[4]}" if len(v) > 4 and v[4] > 1 else ""))

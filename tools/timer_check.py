@@ -1,0 +1,87 @@
+"""Check the benchmark timer on the GPU host: does host launch time leak into the event-timed interval?
+
+    . .gpu/env.sh && PYTHONPATH=$PWD python3 tools/timer_check.py bench_build   (after `wide-bench build`)
+
+Times our one-token kernel and cuBLAS (gate/up and down, group 128) after one L2 flush by a read, after three,
+and after a flush plus a 1 ms GPU sleep (the host is then far ahead of the GPU), and prints the host time per
+call. If the three agree, the single flush already keeps the GPU busy while the host launches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import torch
+import tvm
+
+from wide_tvm.bench.measure import _launch, _reorder_args, _rotating_weights
+from wide_tvm.bench.workloads import Workload
+from wide_tvm.kernel_reference import make_mask
+from wide_tvm.runtime import _ensure_cuda_runtime
+
+
+def event_median_us(fn, before, reps: int = 50) -> float:
+    """Median of CUDA-event-timed calls of fn, each after before()."""
+    for _ in range(3):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        before()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return float(np.median([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]))
+
+
+def host_us(fn, reps: int = 200) -> float:
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / reps * 1e6
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("build_dir")
+    args = p.parse_args()
+    _ensure_cuda_runtime(tvm)
+    with open(os.path.join(args.build_dir, "bench.json")) as f:
+        spec = json.load(f)
+    ours = tvm.runtime.load_module(os.path.join(args.build_dir, "ours.so"))
+    tv = tvm.runtime.from_dlpack
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    flush = torch.ones(l2, dtype=torch.float32, device="cuda")  # 4x the L2, in bytes
+    befores = {"flush x1": lambda: flush.sum(),
+               "flush x3": lambda: (flush.sum(), flush.sum(), flush.sum()),
+               "flush + 1 ms sleep": lambda: (flush.sum(), torch.cuda._sleep(2_000_000))}
+    rng = np.random.default_rng(0)
+    for name in ("gate_up_g128", "down_g128"):
+        w = Workload(**next(x for x in spec["workloads"] if x["name"] == name))
+        weights = _rotating_weights(w, l2, tv, spec["layouts"][name])
+        r_args = _reorder_args(w, torch.from_numpy(make_mask("random", 1, w.groups, rng, 0.5)).cuda(), tv)
+        x = torch.randn(1, w.k, device="cuda").half()
+        xt, out = tv(x), tv(torch.empty(1, w.n, dtype=torch.float16, device="cuda"))
+        kernel, w_dense = ours[w.kernel], weights()[0]
+
+        def call():
+            _launch(kernel, w, xt, weights(), r_args, out)
+
+        def cublas():
+            torch.matmul(x, w_dense.t())
+
+        for label, before in befores.items():
+            print(f"{name} {label:20s} ours {event_median_us(call, before):7.1f} us   "
+                  f"cuBLAS {event_median_us(cublas, before):7.1f} us")
+        print(f"{name} host time per call: ours {host_us(call):.1f} us, cuBLAS {host_us(cublas):.1f} us")
+
+
+if __name__ == "__main__":
+    main()

@@ -59,10 +59,14 @@ class GemvKnobs:
     # decode: row tiles per block, each taken by warps / row_warps warps that split K; the row tiles' warps
     # load the same activation chunks at the same time, so all but the first are served from L1
     row_warps: int = 1
+    # decode gemm_k: blocks splitting the used K chunks, each summing a share into an fp32 workspace that a
+    # second launch adds up in a fixed order; a block then reads only its share of the activations
+    ksplit: int = 1
 
     def name(self) -> str:
         return (f"w{self.warps}u{self.unroll}" + (f"r{self.rows}" if self.rows > 1 else "")
-                + (f"s{self.stages}" if self.stages else "") + (f"b{self.row_warps}" if self.row_warps > 1 else ""))
+                + (f"s{self.stages}" if self.stages else "") + (f"b{self.row_warps}" if self.row_warps > 1 else "")
+                + (f"k{self.ksplit}" if self.ksplit > 1 else ""))
 
 
 DECODE_BUCKETS = (1, 8, 16, 32, MAX_TOKENS)  # one direct kernel per bucket, each with its own knobs
@@ -167,14 +171,14 @@ def _ring_at(wy, slot, u, v, lane, stages: int, u_count: int, vec: int):
 
 
 @T.macro
-def _ring_issue(ring, w, tile, step, c, u_count, vec, wy, lane, stages, chunk_of):
+def _ring_issue(ring, w, tile, step, c, u_count, vec, wy, lane, stages, chunk_of, off):
     """cp.async one weight matrix's (or row tile's) vectors c * 2 + {0, 1} of one step into ring slot `slot`
     (16 bytes per lane and vector, straight from the tile layout; no registers held while in flight)."""
     for u in T.unroll(u_count):
         for h in T.unroll(2):
             T.ptx["cp.async.cg.shared.global"](
                 ring.ptr_to([_ring_at(wy, step % stages, u, c * 2 + h, lane, stages, u_count, vec)]),
-                w.ptr_to([tile, ((chunk_of(step, u, wy) * 2 + h) * 32 + lane) * 8]), 16)
+                w.ptr_to([tile, ((off + chunk_of(step, u, wy)) * 2 + h) * 32 * 8 + lane * 8]), 16)
 
 
 @T.macro
@@ -290,10 +294,12 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
     TPG = gs // ROWS  # row tiles per group
     RB = _row_warps(knobs.row_warps if direct else 1, W, TPG)  # a block's row tiles, all of one group
     KS = W // RB  # warps splitting K per row tile
-    while CH % (U * KS):  # every step loads U full chunks per warp: no bounds branches between the loads
-        U, KS = (U // 2, KS) if U > 1 else (U, KS // 2)
+    KB = knobs.ksplit if direct else 1  # blocks splitting K, CHB chunks each
+    while CH % (KB * U * KS):  # every step loads U full chunks per warp: no bounds branches between the loads
+        U, KS, KB = (U // 2, KS, KB) if U > 1 else ((U, KS // 2, KB) if KS > 1 else (U, KS, KB // 2))
     W = KS * RB
-    steps = CH // (U * KS)
+    CHB = CH // KB
+    steps = CHB // (U * KS)
     VEC = NW * 2  # 16-byte weight vectors per lane and chunk
 
     def nn(n):
@@ -303,11 +309,12 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
         return T.min(counts[g], nn(n))
 
     def chunk(s, u, wy):
-        """K chunk of this warp's u-th load in step s (K is a multiple of U * KS chunks: no bounds checks)."""
+        """K chunk of this warp's u-th load in step s, counted from its block's first chunk (gid[3]; K is a
+        multiple of KB * U * KS chunks: no bounds checks)."""
         return (s * U + u) * KS + wy // RB
 
-    def kcol(s, u, wy, lane):
-        return chunk(s, u, wy) * CHUNK + lane % 4 * 8
+    def kcol(gid, s, u, wy, lane):
+        return (gid[3] + chunk(s, u, wy)) * CHUNK + lane % 4 * 8
 
     def ytiles(n):
         return (nn(n) + MT - 1) // MT if token_tiles else 1
@@ -371,7 +378,7 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
             for j in T.unroll(NT):
                 for v in T.vectorized(8):
                     xreg[(u * NT + j) * 8 + v] = x[x_row(order, counts, gid[0], by, j, lane, n),
-                                                   kcol(s, u, wy, lane) + v]
+                                                   kcol(gid, s, u, wy, lane) + v]
 
     @T.macro
     def multiply(wreg, xreg, af, bf, acc, keep, zero):
@@ -383,21 +390,23 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
 
     @T.macro
     def issue(ring, wg, wu, gid, step, wy, lane):
-        _ring_issue(ring, wg, gid[1], step, 0, U, VEC, wy, lane, S, chunk)
+        _ring_issue(ring, wg, gid[1], step, 0, U, VEC, wy, lane, S, chunk, gid[3])
         if swiglu:
-            _ring_issue(ring, wu, gid[1], step, 1, U, VEC, wy, lane, S, chunk)
+            _ring_issue(ring, wu, gid[1], step, 1, U, VEC, wy, lane, S, chunk, gid[3])
         T.ptx["cp.async.commit_group"]()
 
     @T.macro
-    def body(x, wg, wu, mask, counts, order, used, out, n):
+    def main_pass(x, wg, wu, mask, counts, order, used, out, ws, n):
+        """The gated GEMM; with KB > 1 each K-split block writes its fp32 partials to `ws` instead of `out`."""
         for bx in T.thread_binding(N // (ROWS * RB), thread="blockIdx.x"):
-            for by in T.thread_binding(ytiles(n), thread="blockIdx.y"):
+            for byk in T.thread_binding(ytiles(n) * KB, thread="blockIdx.y"):  # token tile, K split (one of them 1)
                 red = T.decl_buffer((W * NACC * 32,), "float32", scope="shared")
                 ring = T.decl_buffer((max(1, W * S * U * VEC * 256),), "float16", scope="shared")
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
-                        gid = T.decl_buffer((3,), "int32", scope="local")
+                        gid = T.decl_buffer((4,), "int32", scope="local")  # group, row tile, has work, 1st chunk
                         group_of(gid, mask, counts, used, bx, wy, n)
+                        gid[3] = byk % KB * CHB
                         acc = T.decl_buffer((NACC,), "float32", scope="local")
                         wreg = T.decl_buffer((U * NW * 16,), "float16", scope="local")
                         xreg = T.decl_buffer((U * NT * 8,), "float16", scope="local")
@@ -408,7 +417,7 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
                         zero[0] = T.float16(0)
                         for a in T.unroll(NACC):
                             acc[a] = T.float32(0)
-                        keeps(keep, mask, counts, gid[0], by, lane, n)
+                        keeps(keep, mask, counts, gid[0], (byk // KB), lane, n)
                         if S > 0:  # weights through an S-deep cp.async ring, per warp (decode only)
                             if gid[2] != 0:
                                 for st in T.unroll(S - 1):
@@ -423,21 +432,22 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
                                         T.ptx["cp.async.commit_group"]()
                                     T.ptx["cp.async.wait_group"](S - 1)  # step s landed
                                     _ring_read(wreg, ring, wy, s, lane, S, U, VEC)
-                                    load_x(xreg, x, order, counts, gid, by, s, wy, lane, n)
+                                    load_x(xreg, x, order, counts, gid, (byk // KB), s, wy, lane, n)
                                     multiply(wreg, xreg, af, bf, acc, keep, zero)
                         else:
-                            if gid[2] != 0 and (direct or cnt(counts, gid[0], n) > by * MT):
+                            if gid[2] != 0 and (direct or cnt(counts, gid[0], n) > (byk // KB) * MT):
                                 for s in range(steps):
                                     for u in T.unroll(U):
                                         for h in T.unroll(2):
                                             for v in T.vectorized(8):
                                                 wreg[(u * NW * 2 + h) * 8 + v] = \
-                                                    wg[gid[1], ((chunk(s, u, wy) * 2 + h) * 32 + lane) * 8 + v]
+                                                    wg[gid[1], (((gid[3] + chunk(s, u, wy)) * 2 + h) * 32 + lane) * 8 + v]
                                             if swiglu:
                                                 for v in T.vectorized(8):
                                                     wreg[(u * NW * 2 + 2 + h) * 8 + v] = \
-                                                        wu[gid[1], ((chunk(s, u, wy) * 2 + h) * 32 + lane) * 8 + v]
-                                    load_x(xreg, x, order, counts, gid, by, s, wy, lane, n)
+                                                        wu[gid[1], (((gid[3] + chunk(s, u, wy)) * 2 + h) * 32 + lane) * 8
+                                                           + v]
+                                    load_x(xreg, x, order, counts, gid, (byk // KB), s, wy, lane, n)
                                     multiply(wreg, xreg, af, bf, acc, keep, zero)
                         if S > 0:  # the compiler may place `red` over the (now dead) ring
                             T.tvm_storage_sync("shared")
@@ -451,22 +461,49 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
                         if wy < RB:
                             for j in T.unroll(NT):
                                 for e in T.unroll(4):
-                                    if out_token(by, j, e, lane) < (nn(n) if direct else cnt(counts, g[0], n)):
+                                    if out_token((byk // KB), j, e, lane) < (nn(n) if direct else cnt(counts, g[0], n)):
                                         for c in T.unroll(NW):
                                             _sum_over_warps(red, tot, c, (c * NT + j) * 4 + e, wy, RB, KS, NACC, lane)
-                                        out[out_row(order, g[0], by, j, e, lane),
-                                            g[1] * ROWS + lane // 4 + 8 * (e // 2)] = \
-                                            gated(mask, g[0], by, j, e, lane, T.Cast(
-                                                "float16", (tot[0] * T.sigmoid(tot[0]) * tot[1]) if swiglu else tot[0]))
+                                        if KB == 1:
+                                            out[out_row(order, g[0], (byk // KB), j, e, lane),
+                                                g[1] * ROWS + lane // 4 + 8 * (e // 2)] = \
+                                                gated(mask, g[0], (byk // KB), j, e, lane, T.Cast(
+                                                    "float16",
+                                                    (tot[0] * T.sigmoid(tot[0]) * tot[1]) if swiglu else tot[0]))
+                                        else:  # direct kernels (token tile 0): partial sums, gated in the fix-up
+                                            for c in T.unroll(NW):
+                                                ws[((byk % KB * MT + out_token((byk // KB), j, e, lane)) * NW + c) * N
+                                                   + g[1] * ROWS + lane // 4 + 8 * (e // 2)] = tot[c]
                         if not direct:
                             # this tile's tokens that skip the group: zeros (all threads share the (token, row) pairs)
-                            for i in range((T.max(zend(by, n) - zfirst(counts, g[0], by, n), 0) * ROWS + 32 * W - 1)
+                            for i in range((T.max(zend((byk // KB), n) - zfirst(counts, g[0], (byk // KB), n), 0) * ROWS + 32 * W - 1)
                                            // (32 * W)):
-                                if i * 32 * W + wy * 32 + lane < (zend(by, n) - zfirst(counts, g[0], by, n)) * ROWS:
-                                    out[order[g[0], zfirst(counts, g[0], by, n) + (i * 32 * W + wy * 32 + lane) // ROWS],
+                                if i * 32 * W + wy * 32 + lane < (zend((byk // KB), n) - zfirst(counts, g[0], (byk // KB), n)) * ROWS:
+                                    out[order[g[0], zfirst(counts, g[0], (byk // KB), n) + (i * 32 * W + wy * 32 + lane) // ROWS],
                                         g[1] * ROWS + (i * 32 * W + wy * 32 + lane) % ROWS] = T.float16(0)
 
-    return body
+    @T.macro
+    def body(x, wg, wu, mask, counts, order, used, out, n):
+        main_pass(x, wg, wu, mask, counts, order, used, out, out, n)
+
+    @T.macro
+    def body_split(x, wg, wu, mask, counts, order, used, out, n):
+        ws = T.alloc_buffer((KB * MT * NW * N,), "float32", scope="global")  # [KB, MT, NW, N] partials
+        main_pass(x, wg, wu, mask, counts, order, used, out, ws, n)
+        # second launch: sum each output's KB partials in K-split order (deterministic), then SwiGLU and gating
+        for bx in T.thread_binding((nn(n) * N + 255) // 256, thread="blockIdx.x"):
+            for tx in T.thread_binding(256, thread="threadIdx.x"):
+                tot = T.decl_buffer((2,), "float32", scope="local")
+                if bx * 256 + tx < nn(n) * N:
+                    for c in T.unroll(NW):
+                        tot[c] = T.float32(0)
+                        for i in T.unroll(KB):
+                            tot[c] = tot[c] + ws[((i * MT + (bx * 256 + tx) // N) * NW + c) * N + (bx * 256 + tx) % N]
+                    out[(bx * 256 + tx) // N, (bx * 256 + tx) % N] = T.Select(
+                        mask[(bx * 256 + tx) // N, (bx * 256 + tx) % N // gs] != 0,
+                        T.Cast("float16", (tot[0] * T.sigmoid(tot[0]) * tot[1]) if swiglu else tot[0]), T.float16(0))
+
+    return body_split if KB > 1 else body
 
 
 def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs: GemvKnobs = GemvKnobs(),
@@ -490,10 +527,16 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
     S, U, W = _fit_ring(knobs.stages if direct else 0, U, W, VEC, lambda w: w * NACC * 32 * 4 + list_bytes(w))
     RB = _row_warps(knobs.row_warps if direct else 1, W, N // (ROWS * RT))  # a block's row-tile groups
     KS = W // RB  # warps splitting K per row-tile group
+    KB = knobs.ksplit if direct else 1  # blocks splitting the used K chunks
     BITS = G + 1 + W  # where the decode token bit sets start in the shared list buffer
 
     def chunk(s, u, wy):
+        """This block's u-th K chunk of warp wy in step s, counted from the block's first used chunk."""
         return (s * U + u) * KS + wy // RB
+
+    def used_chunk(s, u, wy, nch):
+        """Index into the used chunks (nch = [this block's count, its first]); past the count, the last one."""
+        return (nch[1] if KB > 1 else 0) + T.min(chunk(s, u, wy), nch[0] - 1)
 
     def tile(bx, wy, rt):
         """Weight row tile rt of this warp's row-tile group."""
@@ -501,7 +544,7 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
 
     def kchunk(g, s, u, wy, nch):
         """K chunk of this lane's u-th load in group g; chunks past the used ones repeat the last (zeroed)."""
-        return g * LPG + T.min(chunk(s, u, wy), nch - 1) % LPG
+        return g * LPG + used_chunk(s, u, wy, nch) % LPG
 
     def kcol(g, s, u, wy, lane, nch):
         return kchunk(g, s, u, wy, nch) * CHUNK + lane % 4 * 8
@@ -513,8 +556,8 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
         return T.min(by * MT + j * 8 + lane // 4, T.Cast("int32", n) - 1)
 
     def nsteps(nch):
-        """Steps of U chunks per warp that cover the nch used K chunks."""
-        return (nch + U * KS - 1) // (U * KS)
+        """Steps of U chunks per warp that cover this block's nch[0] used K chunks."""
+        return (nch[0] + U * KS - 1) // (U * KS)
 
     @T.macro
     def keeps(keep, mask, sused, g, s, u, wy, by, j, lane, n, nch):
@@ -522,15 +565,15 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
         sets; token tiles: the mask, loaded unconditionally and then tested)."""
         if direct:
             keep[u * NT + j] = T.bitwise_and(T.shift_right(
-                sused[BITS + j // 4 * (G + 1) + T.min(chunk(s, u, wy), nch - 1) // LPG], j % 4 * 8 + lane // 4), 1)
+                sused[BITS + j // 4 * (G + 1) + used_chunk(s, u, wy, nch) // LPG], j % 4 * 8 + lane // 4), 1)
         else:
             keep[u * NT + j] = mask[tok(by, j, lane, n), g]
-        keep[u * NT + j] = T.Select(chunk(s, u, wy) < nch and by * MT + j * 8 + lane // 4 < T.Cast("int32", n)
+        keep[u * NT + j] = T.Select(chunk(s, u, wy) < nch[0] and by * MT + j * 8 + lane // 4 < T.Cast("int32", n)
                                     and keep[u * NT + j] != 0, 1, 0)
 
     def ring_chunk(sused, s, u, wy, nch):
         """Tile-layout K chunk of step s's u-th load (through the used-group list)."""
-        return sused[T.min(chunk(s, u, wy), nch - 1) // LPG] * LPG + T.min(chunk(s, u, wy), nch - 1) % LPG
+        return sused[used_chunk(s, u, wy, nch) // LPG] * LPG + used_chunk(s, u, wy, nch) % LPG
 
     @T.macro
     def issue(ring, w, sused, nch, bx, step, wy, lane):
@@ -549,7 +592,7 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
     def load_ax(xreg, keep, greg, a, mask, sused, by, s, wy, lane, n, nch):
         """Activations and token masks of step s (the weights come separately)."""
         for u in T.unroll(U):
-            greg[u] = sused[T.min(chunk(s, u, wy), nch - 1) // LPG]
+            greg[u] = sused[used_chunk(s, u, wy, nch) // LPG]
             for j in T.unroll(NT):
                 for v in T.vectorized(8):
                     xreg[(u * NT + j) * 8 + v] = a[tok(by, j, lane, n), kcol(greg[u], s, u, wy, lane, nch) + v]
@@ -564,9 +607,10 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                               keep[u * NT + j], zero)
 
     @T.macro
-    def body(a, w, mask, used, out, n):
+    def main_pass(a, w, mask, used, out, ws, n):
+        """The gated GEMM; with KB > 1 each K-split block writes its fp32 partial to `ws` instead of `out`."""
         for bx in T.thread_binding(N // (ROWS * RT * RB), thread="blockIdx.x"):
-            for by in T.thread_binding(ytiles(n), thread="blockIdx.y"):
+            for byk in T.thread_binding(ytiles(n) * KB, thread="blockIdx.y"):  # token tile, K split (one of them 1)
                 red = T.decl_buffer((W * NACC * 32,), "float32", scope="shared")
                 # the used-group list, read every chunk (+ scratch for building it, + decode token bit sets)
                 sused = T.decl_buffer((BITS + NWD * (G + 1),), "int32", scope="shared")
@@ -591,37 +635,38 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                         keep = T.decl_buffer((U * NT,), "int32", scope="local")
                         zero = T.decl_buffer((1,), "float16", scope="local")
                         zero[0] = T.float16(0)
-                        nch = T.decl_buffer((1,), "int32", scope="local")
-                        nch[0] = sused[G] * LPG
+                        nch = T.decl_buffer((2,), "int32", scope="local")  # this block's used chunks, first
+                        nch[1] = (sused[G] * LPG + KB - 1) // KB * (byk % KB)
+                        nch[0] = T.max(T.min((sused[G] * LPG + KB - 1) // KB, sused[G] * LPG - nch[1]), 0)
                         for i in T.unroll(NACC):
                             acc[i] = T.float32(0)
                         if S > 0:  # weights through an S-deep cp.async ring, per warp (decode only)
                             if nch[0] > 0:
                                 for st in T.unroll(S - 1):
-                                    if st < nsteps(nch[0]):
-                                        issue(ring, w, sused, nch[0], bx, st, wy, lane)
+                                    if st < nsteps(nch):
+                                        issue(ring, w, sused, nch, bx, st, wy, lane)
                                     else:
                                         T.ptx["cp.async.commit_group"]()
-                                for s in range(nsteps(nch[0])):
-                                    if s + S - 1 < nsteps(nch[0]):
-                                        issue(ring, w, sused, nch[0], bx, s + S - 1, wy, lane)
+                                for s in range(nsteps(nch)):
+                                    if s + S - 1 < nsteps(nch):
+                                        issue(ring, w, sused, nch, bx, s + S - 1, wy, lane)
                                     else:
                                         T.ptx["cp.async.commit_group"]()
                                     T.ptx["cp.async.wait_group"](S - 1)  # step s landed
                                     _ring_read(wreg, ring, wy, s, lane, S, U, VEC)
-                                    load_ax(xreg, keep, greg, a, mask, sused, by, s, wy, lane, n, nch[0])
+                                    load_ax(xreg, keep, greg, a, mask, sused, (byk // KB), s, wy, lane, n, nch)
                                     multiply(wreg, xreg, af, bf, acc, keep, zero)
                         else:
                             if nch[0] > 0:
-                                for s in range(nsteps(nch[0])):
+                                for s in range(nsteps(nch)):
                                     for u in T.unroll(U):
                                         for rt in T.unroll(RT):
                                             for h in T.unroll(2):
                                                 for v in T.vectorized(8):
                                                     wreg[((u * RT + rt) * 2 + h) * 8 + v] = w[tile(bx, wy, rt), ((kchunk(
-                                                        sused[T.min(chunk(s, u, wy), nch[0] - 1) // LPG], s, u, wy,
-                                                        nch[0]) * 2 + h) * 32 + lane) * 8 + v]
-                                    load_ax(xreg, keep, greg, a, mask, sused, by, s, wy, lane, n, nch[0])
+                                                        sused[used_chunk(s, u, wy, nch) // LPG], s, u, wy,
+                                                        nch) * 2 + h) * 32 + lane) * 8 + v]
+                                    load_ax(xreg, keep, greg, a, mask, sused, (byk // KB), s, wy, lane, n, nch)
                                     multiply(wreg, xreg, af, bf, acc, keep, zero)
                         # the compiler may place `red` over the (now dead) list: every warp must be done reading it
                         T.tvm_storage_sync("shared")
@@ -634,10 +679,32 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                             for rt in T.unroll(RT):
                                 for j in T.unroll(NT):
                                     for e in T.unroll(4):
-                                        if by * MT + j * 8 + lane % 4 * 2 + e % 2 < T.Cast("int32", n):
+                                        if (byk // KB) * MT + j * 8 + lane % 4 * 2 + e % 2 < T.Cast("int32", n):
                                             _sum_over_warps(red, tot, 0, (rt * NT + j) * 4 + e, wy, RB, KS, NACC, lane)
-                                            out[by * MT + j * 8 + lane % 4 * 2 + e % 2,
-                                                tile(bx, wy, rt) * ROWS + lane // 4 + 8 * (e // 2)] = \
-                                                T.Cast("float16", tot[0])
+                                            if KB == 1:
+                                                out[(byk // KB) * MT + j * 8 + lane % 4 * 2 + e % 2,
+                                                    tile(bx, wy, rt) * ROWS + lane // 4 + 8 * (e // 2)] = \
+                                                    T.Cast("float16", tot[0])
+                                            else:  # direct kernels: token tile 0
+                                                ws[((byk % KB) * MT + j * 8 + lane % 4 * 2 + e % 2) * N
+                                                   + tile(bx, wy, rt) * ROWS + lane // 4 + 8 * (e // 2)] = tot[0]
 
-    return body
+    @T.macro
+    def body(a, w, mask, used, out, n):
+        main_pass(a, w, mask, used, out, out, n)
+
+    @T.macro
+    def body_split(a, w, mask, used, out, n):
+        ws = T.alloc_buffer((KB * MT * N,), "float32", scope="global")  # [KB, MT, N] partials
+        main_pass(a, w, mask, used, out, ws, n)
+        # second launch: each output the sum of its KB partials, in K-split order (deterministic)
+        for bx in T.thread_binding((T.Cast("int32", n) * N + 255) // 256, thread="blockIdx.x"):
+            for tx in T.thread_binding(256, thread="threadIdx.x"):
+                tot = T.decl_buffer((1,), "float32", scope="local")
+                if bx * 256 + tx < T.Cast("int32", n) * N:
+                    tot[0] = T.float32(0)
+                    for i in T.unroll(KB):
+                        tot[0] = tot[0] + ws[i * MT * N + bx * 256 + tx]
+                    out[(bx * 256 + tx) // N, (bx * 256 + tx) % N] = T.Cast("float16", tot[0])
+
+    return body_split if KB > 1 else body

@@ -64,12 +64,12 @@ def test_decode_kernels_use_tensor_cores_and_dispatch_on_tokens():
 def test_decode_knobs_cp_async_ring_and_row_tiles():
     """The `stages` knob streams decode weights through a cp.async ring; rings that would overflow static shared
     memory shrink (stages, then unroll, then warps) instead of failing to build. Row tiles per block
-    (`row_warps`) build with and without the ring."""
+    (`row_warps`) and blocks splitting K (`ksplit`) build with and without the ring."""
     from wide_tvm.schedules.gemv import SMEM_BYTES, GemvKnobs, _fit_ring
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    kn = (GemvKnobs(8, 2, 1, 3), GemvKnobs(8, 2, 2, 4), GemvKnobs(4, 4, 1, 4), GemvKnobs(8, 1, 1, 2, 4),
-          GemvKnobs(8, 2, 2, 0, 2))
+    kn = (GemvKnobs(8, 2, 1, 3), GemvKnobs(8, 2, 2, 4), GemvKnobs(4, 4, 1, 4), GemvKnobs(8, 1, 1, 2, 4, 2),
+          GemvKnobs(8, 2, 2, 0, 2, 3))
     with target:
         lib = tvm.compile(tvm.IRModule({"mn": gemm_mn(8, 64, 256, "float16", "tc", True, "cuda", decode_knobs=kn)
                                         .with_attr("global_symbol", "mn"),
@@ -77,6 +77,10 @@ def test_decode_knobs_cp_async_ring_and_row_tiles():
                                         .with_attr("global_symbol", "k")}), target)
     src = lib.mod.imports[0].inspect_source()
     assert "cp.async.cg.shared.global" in src and "cp.async.wait_group" in src
+    # the 32-token bucket splits K over 2 blocks and gemm_k's 64-token bucket over 3: each such bucket adds a
+    # launch that sums the partials. gemm_k: 5 buckets + 2 fix-ups + token tiles; gemm_mn (no 64-token direct
+    # kernel): 4 buckets + 1 fix-up + token tiles
+    assert src.count("__global__ void __launch_bounds__") == 2 * (5 + 2 + 1) + 2 * (4 + 1 + 1)
     with pytest.raises(ValueError, match="knobs for 3 token buckets"):
         gemm_k(8, 64, 256, "float16", "tc", "cuda", decode_knobs=kn[:3])
     stages, unroll, warps = _fit_ring(4, 4, 16, 4, lambda w: w * 1024)

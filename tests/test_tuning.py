@@ -125,9 +125,9 @@ def test_wide_tune_from_gpu_sweep(tmp_path):
     assert tune_main(["--target", "cuda", "--from-sweep", str(tmp_path / "sweep.json"), "--out", out]) == 0
     entries = kernel_knobs.load(out)
     assert entries[kernel_knobs.kernel_key("gemm_mn_swiglu", 112, 128, 4096, "float16")]["decode"] == [
-        [8, 4, 1, 0, 1]] + [[8, 2, 1, 0, 1]] * 4
+        [8, 4, 1, 0, 1, 1]] + [[8, 2, 1, 0, 1, 1]] * 4
     down = entries[kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16")]
-    assert down["decode"] == [[8, 4, 2, 0, 1]] + [[8, 2, 2, 0, 1]] * 4
+    assert down["decode"] == [[8, 4, 2, 0, 1, 1]] + [[8, 2, 2, 0, 1, 1]] * 4
     assert down["timed_at_tokens"] == [[1], [4, 8], [16], [32], [64]]
     from wide_tvm.passes.lower_gated import _State, _tuned
     from wide_tvm.schedules.gemv import GemvKnobs

@@ -65,6 +65,15 @@ KERNELS = [
     ("gemm_mn", 8, 512, 4096, "float16", "tc", (16, 2, 1, 0, 4)),
     ("gemm_k", 6, 32, 64, "float16", "tc", (8, 1, 2, 2, 2)),
     ("gemm_mn_swiglu", 6, 32, 64, "float16", "tc", (4, 1, 1, 0, 2)),
+    # blocks splitting K (ksplit) with the fixed-order sum of their partials, alone and with the other knobs
+    ("gemm_k", 112, 128, 4096, "float16", "tc", (16, 2, 1, 0, 1, 4)),
+    ("gemm_k", 448, 32, 4096, "float16", "tc", (8, 2, 2, 0, 1, 3)),
+    ("gemm_k", 8, 512, 4096, "float16", "tc", (16, 1, 1, 2, 4, 2)),
+    ("gemm_k", 6, 32, 64, "float16", "tc", (4, 1, 2, 2, 1, 4)),
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", (8, 1, 1, 2, 1, 2)),
+    ("gemm_mn_swiglu", 448, 32, 4096, "float16", "tc", (8, 2, 1, 0, 2, 4)),
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", (16, 2, 1, 0, 4, 4)),
+    ("gemm_mn_swiglu", 6, 32, 64, "float16", "tc", (4, 1, 1, 0, 2, 2)),
 ]
 
 

@@ -160,8 +160,8 @@ def from_sweep(path: str) -> dict:
             continue
         kind = "gemm_k" if w.kind == "gemm_k" else ("gemm_mn_swiglu" if w.swiglu else "gemm_mn")
         entries[kernel_knobs.kernel_key(kind, w.groups, w.group_size, w.dim, w.dtype)] = {
-            "decode": [[p["warps"], p["unroll"], p.get("rows", 1), p.get("stages", 0), p.get("row_warps", 1)]
-                       for p in picks],
+            "decode": [[p["warps"], p["unroll"], p.get("rows", 1), p.get("stages", 0), p.get("row_warps", 1),
+                        p.get("ksplit", 1)] for p in picks],
             "us": [round(p.get("summed_us", p.get("kernel_us", 0.0)), 1) for p in picks],
             "timed_at_tokens": [p["tokens"] for p in picks]}
     return entries

@@ -264,5 +264,6 @@ def sweep(build_dir: str, tokens=SWEEP_TOKENS, sparsity: float = 0.5, progress=p
         name, (v, t, ms) = min(per_knob.items(), key=lambda kv: kv[1][1])
         best[key] = {"knobs": name, "warps": v[0], "unroll": v[1], "rows": v[2] if len(v) > 2 else 1,
                      "stages": v[3] if len(v) > 3 else 0, "row_warps": v[4] if len(v) > 4 else 1,
+                     "ksplit": v[5] if len(v) > 5 else 1,
                      "summed_us": t, "tokens": ms}
     return {"device": torch.cuda.get_device_name(0), "timer": how, "sparsity": sparsity, "rows": rows, "best": best}

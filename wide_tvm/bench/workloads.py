@@ -75,11 +75,13 @@ LLAMA_8B = [
 
 
 # Decode-kernel knob candidates (warps, K chunks per warp and step[, 16-row tiles per warp[, cp.async ring
-# stages[, row tiles per block, whose warps share activation loads through L1]]]); the sweep times each.
-MN_VARIANTS = ((4, 4), (8, 4), (8, 2), (16, 2), (16, 1), (4, 2, 1, 2), (8, 1, 1, 2),
-               (8, 2, 1, 0, 4), (16, 2, 1, 0, 4), (16, 1, 1, 0, 8), (8, 1, 1, 2, 4))
+# stages[, row tiles per block, whose warps share activation loads through L1[, blocks splitting K (gemm_k)]]]]);
+# the sweep times each.
+MN_VARIANTS = ((4, 4), (8, 2), (16, 1), (4, 2, 1, 2), (8, 1, 1, 2), (8, 1, 1, 2, 4),
+               (8, 1, 1, 2, 1, 2), (4, 4, 1, 0, 1, 2), (16, 2, 1, 0, 1, 2), (8, 2, 1, 0, 1, 4))
 K_VARIANTS = ((16, 2), (16, 4), (32, 1), (32, 2), (8, 2, 2), (16, 2, 2), (16, 1, 1, 2),
-              (16, 2, 1, 0, 4), (16, 4, 1, 0, 4), (32, 1, 1, 0, 8), (32, 2, 1, 0, 4), (16, 1, 1, 2, 4))
+              (16, 2, 1, 0, 1, 2), (16, 2, 1, 0, 1, 4), (16, 4, 1, 0, 1, 4), (16, 2, 1, 0, 4, 4), (8, 2, 2, 0, 1, 4),
+              (16, 1, 1, 2, 1, 4))
 
 
 def variants(w: Workload) -> tuple:
@@ -89,4 +91,5 @@ def variants(w: Workload) -> tuple:
 def knob_name(v: tuple) -> str:
     """GemvKnobs(*v).name(), without importing the kernels (the GPU host runs this from the source tree)."""
     return (f"w{v[0]}u{v[1]}" + (f"r{v[2]}" if len(v) > 2 and v[2] > 1 else "")
-            + (f"s{v[3]}" if len(v) > 3 and v[3] else "") + (f"b{v[4]}" if len(v) > 4 and v[4] > 1 else ""))
+            + (f"s{v[3]}" if len(v) > 3 and v[3] else "") + (f"b{v[4]}" if len(v) > 4 and v[4] > 1 else "")
+            + (f"k{v[5]}" if len(v) > 5 and v[5] > 1 else ""))

@@ -140,29 +140,22 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
                 for h, r in T.grid(2, BM):
                     for c in T.vectorized(BN):
                         acc[h, r, c] = T.float32(0)
-                if task // n_col_tiles % n_tiles(n) * BM < T.Cast("int64", counts[task // n_col_tiles // n_tiles(n)]):
+                if row(task, n, 0) < T.Cast("int64", counts[grp(task, n)]):
                     for k in range(K):
                         for r in range(BM):
-                            if task // n_col_tiles % n_tiles(n) * BM + r < T.Cast(
-                                    "int64", counts[task // n_col_tiles // n_tiles(n)]):
+                            if row(task, n, r) < T.Cast("int64", counts[grp(task, n)]):
                                 for c in T.vectorized(BN):
-                                    acc[0, r, c] = acc[0, r, c] + T.Cast("float32", x[order[
-                                        task // n_col_tiles // n_tiles(n), task // n_col_tiles % n_tiles(n) * BM + r], k]) * \
-                                        T.Cast("float32", load_w(wg, k, task // n_col_tiles // n_tiles(n) * gs
-                                                                 + task % n_col_tiles * BN + c))
+                                    acc[0, r, c] = acc[0, r, c] + T.Cast("float32", x[order[grp(task, n), row(
+                                        task, n, r)], k]) * T.Cast("float32", load_w(wg, k, col(task, n, c)))
                                 if swiglu:
                                     for c in T.vectorized(BN):
-                                        acc[1, r, c] = acc[1, r, c] + T.Cast("float32", x[order[
-                                            task // n_col_tiles // n_tiles(n), task // n_col_tiles % n_tiles(n) * BM + r],
-                                            k]) * T.Cast("float32", load_w(wu, k, task // n_col_tiles // n_tiles(n) * gs
-                                                                           + task % n_col_tiles * BN + c))
+                                        acc[1, r, c] = acc[1, r, c] + T.Cast("float32", x[order[grp(task, n), row(
+                                            task, n, r)], k]) * T.Cast("float32", load_w(wu, k, col(task, n, c)))
                 for r in range(BM):
-                    if task // n_col_tiles % n_tiles(n) * BM + r < n:
+                    if row(task, n, r) < n:
                         for c in T.vectorized(BN):
-                            out[order[task // n_col_tiles // n_tiles(n), task // n_col_tiles % n_tiles(n) * BM + r],
-                                task // n_col_tiles // n_tiles(n) * gs + task % n_col_tiles * BN + c] = T.Select(
-                                task // n_col_tiles % n_tiles(n) * BM + r
-                                < T.Cast("int64", counts[task // n_col_tiles // n_tiles(n)]),
+                            out[order[grp(task, n), row(task, n, r)], col(task, n, c)] = T.Select(
+                                row(task, n, r) < T.Cast("int64", counts[grp(task, n)]),
                                 T.Cast(dtype, (acc[0, r, c] * T.sigmoid(acc[0, r, c]) * acc[1, r, c]) if swiglu
                                        else acc[0, r, c]), T.Cast(dtype, 0))
 

@@ -106,7 +106,7 @@ def bucket_tokens(bucket: int) -> int:
 
 
 def fit_registers(unroll: int, max_tokens: int) -> int:
-    """K chunks per step that keep a step's activations (unroll x tokens x 8 halves per lane) within 32
+    """K chunks per step that keep a step's activations (unroll x tokens halves per lane) within 32
     registers: the tuned unroll of a small bucket, capped for the wide ones (64 tokens: 1)."""
     return max(1, min(unroll, 64 // max_tokens))
 
@@ -215,6 +215,38 @@ def _row_warps(request: int, warps: int, tiles: int) -> int:
     return rb
 
 
+def token_tile(byk, splits: int):
+    """Token tile of grid row byk (grid rows are token tiles x K splits; one of the two counts is 1)."""
+    return byk // splits
+
+
+def k_split(byk, splits: int):
+    """K split of grid row byk."""
+    return byk % splits
+
+
+@T.macro
+def _sum_k_splits(ws, out, mask, n, splits, max_tokens, cols, nw, swiglu, gate_size):
+    """Second launch of a K-split kernel: out[t, c] = the sum of the `splits` fp32 partials of ws [splits,
+    max_tokens, nw, cols] in split order (deterministic), with SwiGLU of (gate, up) when `swiglu`, and zero where
+    the token skips column c's group when `gate_size` (the group size; 0: no gating)."""
+    for bx in T.thread_binding((T.Cast("int32", n) * cols + 255) // 256, thread="blockIdx.x"):
+        for tx in T.thread_binding(256, thread="threadIdx.x"):
+            tot = T.decl_buffer((2,), "float32", scope="local")
+            if bx * 256 + tx < T.Cast("int32", n) * cols:
+                for c in T.unroll(nw):
+                    tot[c] = T.float32(0)
+                    for i in T.unroll(splits):
+                        tot[c] = tot[c] + ws[((i * max_tokens + (bx * 256 + tx) // cols) * nw + c) * cols
+                                             + (bx * 256 + tx) % cols]
+                if gate_size > 0:
+                    out[(bx * 256 + tx) // cols, (bx * 256 + tx) % cols] = T.Select(
+                        mask[(bx * 256 + tx) // cols, (bx * 256 + tx) % cols // gate_size] != 0,
+                        T.Cast("float16", (tot[0] * T.sigmoid(tot[0]) * tot[1]) if swiglu else tot[0]), T.float16(0))
+                else:
+                    out[(bx * 256 + tx) // cols, (bx * 256 + tx) % cols] = T.Cast("float16", tot[0])
+
+
 def bit_words(max_tokens: int) -> int:
     """int32 words of a token bit set (bit t % 32 of word t // 32: token t runs the group)."""
     return (max_tokens + 31) // 32
@@ -316,6 +348,10 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
     def kcol(gid, s, u, wy, lane):
         return (gid[3] + chunk(s, u, wy)) * CHUNK + lane % 4 * 8
 
+    def wvec(gid, s, u, wy, h, lane):
+        """Offset in a weight row tile of this lane's 16-byte vector h of its u-th chunk in step s."""
+        return (((gid[3] + chunk(s, u, wy)) * 2 + h) * 32 + lane) * 8
+
     def ytiles(n):
         return (nn(n) + MT - 1) // MT if token_tiles else 1
 
@@ -406,7 +442,7 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
                         gid = T.decl_buffer((4,), "int32", scope="local")  # group, row tile, has work, 1st chunk
                         group_of(gid, mask, counts, used, bx, wy, n)
-                        gid[3] = byk % KB * CHB
+                        gid[3] = k_split(byk, KB) * CHB
                         acc = T.decl_buffer((NACC,), "float32", scope="local")
                         wreg = T.decl_buffer((U * NW * 16,), "float16", scope="local")
                         xreg = T.decl_buffer((U * NT * 8,), "float16", scope="local")
@@ -417,7 +453,7 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
                         zero[0] = T.float16(0)
                         for a in T.unroll(NACC):
                             acc[a] = T.float32(0)
-                        keeps(keep, mask, counts, gid[0], (byk // KB), lane, n)
+                        keeps(keep, mask, counts, gid[0], token_tile(byk, KB), lane, n)
                         if S > 0:  # weights through an S-deep cp.async ring, per warp (decode only)
                             if gid[2] != 0:
                                 for st in T.unroll(S - 1):
@@ -432,22 +468,21 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
                                         T.ptx["cp.async.commit_group"]()
                                     T.ptx["cp.async.wait_group"](S - 1)  # step s landed
                                     _ring_read(wreg, ring, wy, s, lane, S, U, VEC)
-                                    load_x(xreg, x, order, counts, gid, (byk // KB), s, wy, lane, n)
+                                    load_x(xreg, x, order, counts, gid, token_tile(byk, KB), s, wy, lane, n)
                                     multiply(wreg, xreg, af, bf, acc, keep, zero)
                         else:
-                            if gid[2] != 0 and (direct or cnt(counts, gid[0], n) > (byk // KB) * MT):
+                            if gid[2] != 0 and (direct or cnt(counts, gid[0], n) > token_tile(byk, KB) * MT):
                                 for s in range(steps):
                                     for u in T.unroll(U):
                                         for h in T.unroll(2):
                                             for v in T.vectorized(8):
                                                 wreg[(u * NW * 2 + h) * 8 + v] = \
-                                                    wg[gid[1], (((gid[3] + chunk(s, u, wy)) * 2 + h) * 32 + lane) * 8 + v]
+                                                    wg[gid[1], wvec(gid, s, u, wy, h, lane) + v]
                                             if swiglu:
                                                 for v in T.vectorized(8):
                                                     wreg[(u * NW * 2 + 2 + h) * 8 + v] = \
-                                                        wu[gid[1], (((gid[3] + chunk(s, u, wy)) * 2 + h) * 32 + lane) * 8
-                                                           + v]
-                                    load_x(xreg, x, order, counts, gid, (byk // KB), s, wy, lane, n)
+                                                        wu[gid[1], wvec(gid, s, u, wy, h, lane) + v]
+                                    load_x(xreg, x, order, counts, gid, token_tile(byk, KB), s, wy, lane, n)
                                     multiply(wreg, xreg, af, bf, acc, keep, zero)
                         if S > 0:  # the compiler may place `red` over the (now dead) ring
                             T.tvm_storage_sync("shared")
@@ -461,25 +496,27 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
                         if wy < RB:
                             for j in T.unroll(NT):
                                 for e in T.unroll(4):
-                                    if out_token((byk // KB), j, e, lane) < (nn(n) if direct else cnt(counts, g[0], n)):
+                                    if out_token(token_tile(byk, KB), j, e, lane) < (
+                                            nn(n) if direct else cnt(counts, g[0], n)):
                                         for c in T.unroll(NW):
                                             _sum_over_warps(red, tot, c, (c * NT + j) * 4 + e, wy, RB, KS, NACC, lane)
                                         if KB == 1:
-                                            out[out_row(order, g[0], (byk // KB), j, e, lane),
+                                            out[out_row(order, g[0], token_tile(byk, KB), j, e, lane),
                                                 g[1] * ROWS + lane // 4 + 8 * (e // 2)] = \
-                                                gated(mask, g[0], (byk // KB), j, e, lane, T.Cast(
+                                                gated(mask, g[0], token_tile(byk, KB), j, e, lane, T.Cast(
                                                     "float16",
                                                     (tot[0] * T.sigmoid(tot[0]) * tot[1]) if swiglu else tot[0]))
                                         else:  # direct kernels (token tile 0): partial sums, gated in the fix-up
                                             for c in T.unroll(NW):
-                                                ws[((byk % KB * MT + out_token((byk // KB), j, e, lane)) * NW + c) * N
-                                                   + g[1] * ROWS + lane // 4 + 8 * (e // 2)] = tot[c]
-                        if not direct:
+                                                ws[((k_split(byk, KB) * MT + out_token(token_tile(byk, KB), j, e, lane))
+                                                    * NW + c) * N + g[1] * ROWS + lane // 4 + 8 * (e // 2)] = tot[c]
+                        if not direct:  # token tiles run one K split: grid row byk is the token tile
                             # this tile's tokens that skip the group: zeros (all threads share the (token, row) pairs)
-                            for i in range((T.max(zend((byk // KB), n) - zfirst(counts, g[0], (byk // KB), n), 0) * ROWS + 32 * W - 1)
+                            for i in range((T.max(zend(byk, n) - zfirst(counts, g[0], byk, n), 0) * ROWS + 32 * W - 1)
                                            // (32 * W)):
-                                if i * 32 * W + wy * 32 + lane < (zend((byk // KB), n) - zfirst(counts, g[0], (byk // KB), n)) * ROWS:
-                                    out[order[g[0], zfirst(counts, g[0], (byk // KB), n) + (i * 32 * W + wy * 32 + lane) // ROWS],
+                                if i * 32 * W + wy * 32 + lane < (zend(byk, n) - zfirst(counts, g[0], byk, n)) * ROWS:
+                                    out[order[g[0],
+                                              zfirst(counts, g[0], byk, n) + (i * 32 * W + wy * 32 + lane) // ROWS],
                                         g[1] * ROWS + (i * 32 * W + wy * 32 + lane) % ROWS] = T.float16(0)
 
     @T.macro
@@ -490,18 +527,7 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
     def body_split(x, wg, wu, mask, counts, order, used, out, n):
         ws = T.alloc_buffer((KB * MT * NW * N,), "float32", scope="global")  # [KB, MT, NW, N] partials
         main_pass(x, wg, wu, mask, counts, order, used, out, ws, n)
-        # second launch: sum each output's KB partials in K-split order (deterministic), then SwiGLU and gating
-        for bx in T.thread_binding((nn(n) * N + 255) // 256, thread="blockIdx.x"):
-            for tx in T.thread_binding(256, thread="threadIdx.x"):
-                tot = T.decl_buffer((2,), "float32", scope="local")
-                if bx * 256 + tx < nn(n) * N:
-                    for c in T.unroll(NW):
-                        tot[c] = T.float32(0)
-                        for i in T.unroll(KB):
-                            tot[c] = tot[c] + ws[((i * MT + (bx * 256 + tx) // N) * NW + c) * N + (bx * 256 + tx) % N]
-                    out[(bx * 256 + tx) // N, (bx * 256 + tx) % N] = T.Select(
-                        mask[(bx * 256 + tx) // N, (bx * 256 + tx) % N // gs] != 0,
-                        T.Cast("float16", (tot[0] * T.sigmoid(tot[0]) * tot[1]) if swiglu else tot[0]), T.float16(0))
+        _sum_k_splits(ws, out, mask, n, KB, MT, N, NW, swiglu, gs)  # then SwiGLU and the token's gating
 
     return body_split if KB > 1 else body
 
@@ -636,7 +662,7 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                         zero = T.decl_buffer((1,), "float16", scope="local")
                         zero[0] = T.float16(0)
                         nch = T.decl_buffer((2,), "int32", scope="local")  # this block's used chunks, first
-                        nch[1] = (sused[G] * LPG + KB - 1) // KB * (byk % KB)
+                        nch[1] = (sused[G] * LPG + KB - 1) // KB * k_split(byk, KB)
                         nch[0] = T.max(T.min((sused[G] * LPG + KB - 1) // KB, sused[G] * LPG - nch[1]), 0)
                         for i in T.unroll(NACC):
                             acc[i] = T.float32(0)
@@ -654,7 +680,7 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                                         T.ptx["cp.async.commit_group"]()
                                     T.ptx["cp.async.wait_group"](S - 1)  # step s landed
                                     _ring_read(wreg, ring, wy, s, lane, S, U, VEC)
-                                    load_ax(xreg, keep, greg, a, mask, sused, (byk // KB), s, wy, lane, n, nch)
+                                    load_ax(xreg, keep, greg, a, mask, sused, token_tile(byk, KB), s, wy, lane, n, nch)
                                     multiply(wreg, xreg, af, bf, acc, keep, zero)
                         else:
                             if nch[0] > 0:
@@ -663,10 +689,11 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                                         for rt in T.unroll(RT):
                                             for h in T.unroll(2):
                                                 for v in T.vectorized(8):
-                                                    wreg[((u * RT + rt) * 2 + h) * 8 + v] = w[tile(bx, wy, rt), ((kchunk(
-                                                        sused[used_chunk(s, u, wy, nch) // LPG], s, u, wy,
-                                                        nch) * 2 + h) * 32 + lane) * 8 + v]
-                                    load_ax(xreg, keep, greg, a, mask, sused, (byk // KB), s, wy, lane, n, nch)
+                                                    wreg[((u * RT + rt) * 2 + h) * 8 + v] = w[tile(bx, wy, rt), (
+                                                        (kchunk(sused[used_chunk(s, u, wy, nch) // LPG], s, u, wy, nch)
+                                                         * 2 + h) * 32 + lane) * 8 + v]
+                                    load_ax(xreg, keep, greg, a, mask, sused, token_tile(byk, KB), s, wy, lane, n,
+                                            nch)
                                     multiply(wreg, xreg, af, bf, acc, keep, zero)
                         # the compiler may place `red` over the (now dead) list: every warp must be done reading it
                         T.tvm_storage_sync("shared")
@@ -679,14 +706,14 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                             for rt in T.unroll(RT):
                                 for j in T.unroll(NT):
                                     for e in T.unroll(4):
-                                        if (byk // KB) * MT + j * 8 + lane % 4 * 2 + e % 2 < T.Cast("int32", n):
+                                        if token_tile(byk, KB) * MT + j * 8 + lane % 4 * 2 + e % 2 < T.Cast("int32", n):
                                             _sum_over_warps(red, tot, 0, (rt * NT + j) * 4 + e, wy, RB, KS, NACC, lane)
                                             if KB == 1:
-                                                out[(byk // KB) * MT + j * 8 + lane % 4 * 2 + e % 2,
+                                                out[token_tile(byk, KB) * MT + j * 8 + lane % 4 * 2 + e % 2,
                                                     tile(bx, wy, rt) * ROWS + lane // 4 + 8 * (e // 2)] = \
                                                     T.Cast("float16", tot[0])
                                             else:  # direct kernels: token tile 0
-                                                ws[((byk % KB) * MT + j * 8 + lane % 4 * 2 + e % 2) * N
+                                                ws[(k_split(byk, KB) * MT + j * 8 + lane % 4 * 2 + e % 2) * N
                                                    + tile(bx, wy, rt) * ROWS + lane // 4 + 8 * (e // 2)] = tot[0]
 
     @T.macro
@@ -697,14 +724,6 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
     def body_split(a, w, mask, used, out, n):
         ws = T.alloc_buffer((KB * MT * N,), "float32", scope="global")  # [KB, MT, N] partials
         main_pass(a, w, mask, used, out, ws, n)
-        # second launch: each output the sum of its KB partials, in K-split order (deterministic)
-        for bx in T.thread_binding((T.Cast("int32", n) * N + 255) // 256, thread="blockIdx.x"):
-            for tx in T.thread_binding(256, thread="threadIdx.x"):
-                tot = T.decl_buffer((1,), "float32", scope="local")
-                if bx * 256 + tx < T.Cast("int32", n) * N:
-                    tot[0] = T.float32(0)
-                    for i in T.unroll(KB):
-                        tot[0] = tot[0] + ws[i * MT * N + bx * 256 + tx]
-                    out[(bx * 256 + tx) // N, (bx * 256 + tx) % N] = T.Cast("float16", tot[0])
+        _sum_k_splits(ws, out, mask, n, KB, MT, N, 1, False, 0)
 
     return body_split if KB > 1 else body

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .dispatch import token_dispatch
+
 
 @dataclass(frozen=True)
 class TileConfig:
@@ -48,8 +50,6 @@ def cpu_tiles(tile, default: TileConfig) -> tuple[TileConfig, ...]:
 def cpu_kernels(tile, default: TileConfig, make_body):
     """Macro (n, *args) running the CPU kernel body of n's token bucket; make_body(TileConfig) builds one, and
     buckets with the same tile share it."""
-    from .dispatch import token_dispatch
-
     tiles = cpu_tiles(tile, default)
     bodies = {t: make_body(t) for t in set(tiles)}
     return token_dispatch([(b, bodies[t]) for b, t in zip(CPU_BUCKETS + (None,), tiles)])

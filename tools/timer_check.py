@@ -18,25 +18,10 @@ import numpy as np
 import torch
 import tvm
 
-from wide_tvm.bench.measure import _launch, _reorder_args, _rotating_weights
+from wide_tvm.bench.measure import _launch, _reorder_args, _rotating_weights, event_median_us, l2_flush_buffer
 from wide_tvm.bench.workloads import Workload
 from wide_tvm.kernel_reference import make_mask
 from wide_tvm.runtime import _ensure_cuda_runtime
-
-
-def event_median_us(fn, before, reps: int = 50) -> float:
-    """Median of CUDA-event-timed calls of fn, each after before()."""
-    for _ in range(3):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for s, e in zip(starts, ends):
-        before()
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return float(np.median([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]))
 
 
 def host_us(fn, reps: int = 200) -> float:
@@ -58,7 +43,7 @@ def main() -> None:
     ours = tvm.runtime.load_module(os.path.join(args.build_dir, "ours.so"))
     tv = tvm.runtime.from_dlpack
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    flush = torch.ones(l2, dtype=torch.float32, device="cuda")  # 4x the L2, in bytes
+    flush = l2_flush_buffer()
     befores = {"flush x1": lambda: flush.sum(),
                "flush x3": lambda: (flush.sum(), flush.sum(), flush.sum()),
                "flush + 1 ms sleep": lambda: (flush.sum(), torch.cuda._sleep(2_000_000))}

@@ -129,6 +129,8 @@ def run_main(argv=None) -> int:
 
 
 def bench_main(argv=None) -> int:
+    from .bench.measure import TIMERS
+
     p = argparse.ArgumentParser(prog="wide-bench", description="Gated kernels vs cuBLAS, TVM dense and the roofline.")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="compile the benchmark kernels (no GPU needed)")
@@ -143,7 +145,7 @@ def bench_main(argv=None) -> int:
     r.add_argument("--masks", nargs="+")
     r.add_argument("--only", nargs="+", help="workload names")
     r.add_argument("--sweep", action="store_true", help="time the decode knob candidates instead")
-    r.add_argument("--timer", choices=("events", "do_bench"), default="events",
+    r.add_argument("--timer", choices=TIMERS, default="events",
                    help="events: CUDA events after an L2 flush by a read (default); do_bench: triton's do_bench, "
                         "whose L2 flush leaves dirty lines that the timed call writes back")
     c = sub.add_parser("cpu", help="time the llvm kernels on this machine's CPU; writes JSON")

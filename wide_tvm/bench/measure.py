@@ -24,32 +24,42 @@ def _timer(kind: str = "events"):
     """(time_us(fn), description). "events": median of CUDA-event-timed calls, each after an L2 flush that
     *reads* a buffer four times the L2 size, so the L2 holds only clean lines when the timed call starts.
     "do_bench": triton.testing.do_bench, whose flush *writes* its buffer: the timed call then pays for
-    writing those ~L2-size dirty lines back to DRAM (10-12 us on the H200), which no model's kernel sees,
-    since the kernel before it leaves only its small output dirty. Memory-bound kernels feel that most."""
-    import torch
-
+    writing those dirty lines back to DRAM (8-14 us more per call on the H200, docs/performance.md), which no
+    model's kernel sees, since the kernel before it leaves only its small output dirty."""
     if kind == "do_bench":
         from triton.testing import do_bench
 
         return lambda fn: float(do_bench(fn, warmup=10, rep=40, return_mode="median")) * 1e3, "triton.do_bench median"
     if kind != "events":
         raise ValueError(f"unknown timer {kind!r}; one of {', '.join(TIMERS)}")
-    flush = torch.ones(torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.float32, device="cuda")
+    flush = l2_flush_buffer()
+    # flush.sum() reads 4x the L2: weights and inputs leave it, and no dirty lines enter
+    return (lambda fn: event_median_us(fn, flush.sum)), "CUDA events median (L2 flushed by a read)"
 
-    def events(fn, reps=50):
-        for _ in range(3):
-            fn()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for s, e in zip(starts, ends):
-            flush.sum()  # reads 4x the L2: weights and inputs leave it, and no dirty lines enter
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        return float(np.median([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]))
 
-    return events, "CUDA events median (L2 flushed by a read)"
+def l2_flush_buffer():
+    """A float32 buffer of 4x the L2 size in bytes; summing it evicts everything and dirties nothing."""
+    import torch
+
+    return torch.ones(torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.float32, device="cuda")
+
+
+def event_median_us(fn, before, reps: int = 50) -> float:
+    """Median microseconds of `reps` CUDA-event-timed calls of fn, each after before() (3 warm-up calls);
+    all calls are queued before one synchronisation."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        before()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return float(np.median([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]))
 
 
 def _rotating(make, copies: int):

@@ -17,6 +17,7 @@ from tvm.relax.dpl import rewrite_call
 from ..kernel_knobs import kernel_key
 from ..schedules import gemm_k, gemm_mn, mask_reorder
 from ..schedules.gemv import DIRECT_TOKENS, decode_knobs, supports_k, supports_mn
+from ..schedules.tile_gemm import tile_knobs
 from ..weight_layout import TC_CHUNK, TC_ROWS, stored_shape
 from ..schedules.tiles import tiles_from_log
 from ..schedules.root_block import with_root_block
@@ -120,8 +121,9 @@ def _tuned(state: _State, kind: str, groups: int, group_size: int, dim: int, dty
     entry = state.knobs.get(kernel_key(kind, groups, group_size, dim, dtype))
     if not entry:
         return {}
-    if state.target_kind == "cuda" and "decode" in entry:
-        return {"decode_knobs": decode_knobs(entry["decode"])}
+    if state.target_kind == "cuda":
+        return {**({"decode_knobs": decode_knobs(entry["decode"])} if "decode" in entry else {}),
+                "tile_knobs": tile_knobs(entry.get("tiles"))}
     if state.target_kind == "llvm" and "cpu" in entry:
         return {"cpu_tile": tiles_from_log(entry["cpu"])}
     return {}

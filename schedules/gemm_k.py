@@ -14,13 +14,16 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..weight_layout import stored_shape
-from .gemv import DEFAULT_DECODE, DecodeKnobs, gemv_k_body, supports_k, tensor_core_kernels
+from .gemv import (DEFAULT_DECODE, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, gemv_k_body, supports_k,
+                   tensor_core_kernels)
+from .tile_gemm import DEFAULT_TILES, many_token_kernels, tile_k_body
 from .tiles import TileConfig, cpu_kernels, tile_config, tile_dims
 from .weights import check_layout, weight_loader
 
 
 def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
            target_kind: str, decode_knobs: DecodeKnobs = DEFAULT_DECODE,
+           tile_knobs: tuple = DEFAULT_TILES,
            cpu_tile: TileConfig | tuple | None = None) -> tirx.PrimFunc:
     """a [n, K=G*gs], w [N, K] ("nk"), [K, N] ("kn") or tensor-core tiles ("tc", CUDA fp16), mask [n, G],
     counts [G], order [G, n], used [G+1] (mask reorder) -> out [n, N]."""
@@ -46,8 +49,10 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
         BM, BN = tile_dims(tile_config(target_kind, N), N, "the output width")
         tile_any = tile_active(BM)
         small = w_layout == "tc"  # the tensor-core kernels; SIMT tiles for "nk" / "kn"
-        run_tc = tensor_core_kernels("gemm_k", decode_knobs, lambda mt, knobs, tiles: gemv_k_body(
-            G, gs, N, mt, knobs, token_tiles=tiles)) if small else None
+        run_tc = tensor_core_kernels(
+            "gemm_k", decode_knobs, lambda mt, knobs: gemv_k_body(G, gs, N, mt, knobs),
+            many_token_kernels(tile_knobs, lambda: gemv_k_body(G, gs, N, TILE_TOKENS, PREFILL_KNOBS, True),
+                               lambda k: tile_k_body(G, gs, N, k))) if small else None
 
         @T.macro
         def tiled(a, w, mask, used, out, n):

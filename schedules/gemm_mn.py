@@ -12,13 +12,16 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..weight_layout import stored_shape
-from .gemv import DEFAULT_DECODE, DecodeKnobs, gemv_mn_body, supports_mn, tensor_core_kernels
+from .gemv import (DEFAULT_DECODE, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, gemv_mn_body, supports_mn,
+                   tensor_core_kernels)
+from .tile_gemm import DEFAULT_TILES, many_token_kernels, tile_mn_body
 from .tiles import TileConfig, cpu_kernels, tile_config, tile_dims
 from .weights import check_layout, weight_loader
 
 
 def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str, swiglu: bool,
             target_kind: str, decode_knobs: DecodeKnobs = DEFAULT_DECODE,
+            tile_knobs: tuple = DEFAULT_TILES,
             cpu_tile: TileConfig | tuple | None = None) -> tirx.PrimFunc:
     """x [n, K], w (and w_up for SwiGLU) [N, K] ("nk"), [K, N] ("kn") or tensor-core tiles ("tc", CUDA fp16),
     mask [n, G], counts [G], order [G, n], used [G + 1] (the mask reorder) -> out [n, N]. The tensor-core
@@ -49,8 +52,10 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
 
     if target_kind == "cuda":
         small = w_layout == "tc"  # the tensor-core kernels; SIMT tiles for "nk" / "kn"
-        run_tc = tensor_core_kernels("gemm_mn", decode_knobs, lambda mt, knobs, tiles: gemv_mn_body(
-            G, gs, K, swiglu, mt, knobs, token_tiles=tiles)) if small else None
+        run_tc = tensor_core_kernels(
+            "gemm_mn", decode_knobs, lambda mt, knobs: gemv_mn_body(G, gs, K, swiglu, mt, knobs),
+            many_token_kernels(tile_knobs, lambda: gemv_mn_body(G, gs, K, swiglu, TILE_TOKENS, PREFILL_KNOBS, True),
+                               lambda k: tile_mn_body(G, gs, K, swiglu, k))) if small else None
 
         @T.macro
         def tiled(x, wg, wu, mask, counts, order, used, out, n):

@@ -88,16 +88,17 @@ def decode_knobs(entries: list) -> DecodeKnobs:
     return knobs + DEFAULT_DECODE[len(knobs):]
 
 
-def tensor_core_kernels(kind: str, decode_knobs: DecodeKnobs, make_body):
+def tensor_core_kernels(kind: str, decode_knobs: DecodeKnobs, make_body, many: list):
     """Macro (n, *args) running the direct kernel of n's token bucket (each bucket with its knobs) up to
-    DIRECT_TOKENS[kind] tokens, then the sorted token tiles; make_body(max_tokens, knobs, token_tiles) builds
-    one kernel body of `kind` ("gemm_mn" or "gemm_k")."""
+    DIRECT_TOKENS[kind] tokens, then the many-token kernels `many` ([(bound, body), ..., (None, body)],
+    schedules/tile_gemm.py: many_token_kernels); make_body(max_tokens, knobs) builds one direct kernel body of
+    `kind` ("gemm_mn" or "gemm_k")."""
     if len(decode_knobs) != len(DECODE_BUCKETS):
         raise ValueError(f"knobs for {len(decode_knobs)} token buckets; the direct kernels have "
                          f"{len(DECODE_BUCKETS)} ({', '.join(map(str, DECODE_BUCKETS))} tokens)")
-    direct = [(b, make_body(bucket_tokens(b), knobs, False))
+    direct = [(b, make_body(bucket_tokens(b), knobs))
               for b, knobs in zip(DECODE_BUCKETS, decode_knobs) if b <= DIRECT_TOKENS[kind]]
-    return token_dispatch(direct + [(None, make_body(TILE_TOKENS, PREFILL_KNOBS, True))])
+    return token_dispatch(direct + [(b, body) for b, body in many if b is None or b > DIRECT_TOKENS[kind]])
 
 
 def bucket_tokens(bucket: int) -> int:
@@ -130,20 +131,27 @@ def supports_k(group_size: int, n_dim: int, dtype: str) -> bool:
 
 
 @T.macro
+def a_fragment(af, wreg, w_off, p):
+    """af = the A operand of mma p (0, 1) of a 32-wide K chunk, from a lane's two 16-byte weight vectors at
+    wreg[w_off] (row g: 0..7, row g + 8: 8..15), in the permuted k order the B operand shares (module docstring)."""
+    af[0] = wreg[w_off + 4 * p]
+    af[1] = wreg[w_off + 4 * p + 1]
+    af[2] = wreg[w_off + 8 + 4 * p]
+    af[3] = wreg[w_off + 8 + 4 * p + 1]
+    af[4] = wreg[w_off + 4 * p + 2]
+    af[5] = wreg[w_off + 4 * p + 3]
+    af[6] = wreg[w_off + 8 + 4 * p + 2]
+    af[7] = wreg[w_off + 8 + 4 * p + 3]
+
+
+@T.macro
 def _mma_pair(wreg, xreg, af, bf, acc, w_off, x_off, acc_off, keep, zero):
     """Two m16n8k16 mmas over one 32-wide K chunk: weights at wreg[w_off] (row g: 0..7, row g+8: 8..15);
     this lane's token column counts only where the register `keep` is nonzero (loads are unconditional,
     so they batch; the select reads registers only -- `zero` holds fp16 0, since a literal fp16 constant is
     an inline-asm conversion that nvcc cannot if-convert -- so it compiles to selp, not a branch)."""
     for p in T.unroll(2):
-        af[0] = wreg[w_off + 4 * p]
-        af[1] = wreg[w_off + 4 * p + 1]
-        af[2] = wreg[w_off + 8 + 4 * p]
-        af[3] = wreg[w_off + 8 + 4 * p + 1]
-        af[4] = wreg[w_off + 4 * p + 2]
-        af[5] = wreg[w_off + 4 * p + 3]
-        af[6] = wreg[w_off + 8 + 4 * p + 2]
-        af[7] = wreg[w_off + 8 + 4 * p + 3]
+        a_fragment(af, wreg, w_off, p)
         for e in T.unroll(4):
             bf[e] = T.Select(keep != 0, xreg[x_off + 4 * p + e], zero[0])
         T.ptx_legacy.mma("m16n8k16", "row", "col", "fp16", "fp16", "fp32", af.data, 0, bf.data, 0,
@@ -257,12 +265,17 @@ def _list_slot(flag, part, groups):
     return T.Select(flag[0] != 0, part[0] + flag[1] - 1, groups)
 
 
+def _plus(t0, t):
+    """t0 + t, leaving t as it is for the decode kernels' literal t0 = 0 (so their code does not change)."""
+    return t if isinstance(t0, int) and t0 == 0 else t0 + t
+
+
 @T.macro
-def _used_groups(mask, sused, n, wy, lane, groups, warps, max_tokens, bits_at):
+def _used_groups(mask, sused, n, wy, lane, groups, warps, max_tokens, bits_at, t0):
     """sused[:c] = the groups some token runs (ascending), sused[groups] = c, computed by the whole block from
-    the mask [n <= max_tokens, groups]: per group an OR over the tokens (branch-free clamped loads), then a
-    block-wide exclusive scan (warp shuffles, one shared slot per warp). Decode kernels call this instead of
-    waiting for a separate mask-reorder launch. sused: shared int32 [groups + 1 + warps], the last `warps`
+    the mask [n, groups] rows t0 .. t0 + max_tokens - 1 (those below n): per group an OR over the tokens
+    (branch-free clamped loads), then a block-wide exclusive scan (warp shuffles, one shared slot per warp).
+    Decode kernels call this instead of waiting for a separate mask-reorder launch; the tile GEMM for its tile. sused: shared int32 [groups + 1 + warps], the last `warps`
     slots being per-warp scratch (one buffer, so the compiler cannot fold the scratch into the list), then
     from `bits_at` the token bit set of each listed group (word d of slot i at bits_at + d * (groups + 1) + i),
     so the K loop reads its intra-block skipping from shared memory instead of the mask."""
@@ -273,13 +286,14 @@ def _used_groups(mask, sused, n, wy, lane, groups, warps, max_tokens, bits_at):
     part[2] = 0
     for p in T.unroll((groups + 32 * warps - 1) // (32 * warps)):  # straight-line barriers
         for t in T.unroll(max_tokens):  # clamped loads in their own statements: no short-circuit, all in flight
-            mreg[t] = mask[T.min(t, T.Cast("int32", n) - 1), T.min(p * 32 * warps + wy * 32 + lane, groups - 1)]
+            mreg[t] = mask[T.min(_plus(t0, t), T.Cast("int32", n) - 1),
+                           T.min(p * 32 * warps + wy * 32 + lane, groups - 1)]
         flag[0] = 0
         for d in T.unroll(bit_words(max_tokens)):
             words[d] = T.uint32(0)
             for b in T.unroll(min(32, max_tokens)):
                 words[d] = words[d] | T.Select(
-                    d * 32 + b < T.Cast("int32", n) and p * 32 * warps + wy * 32 + lane < groups
+                    _plus(t0, d * 32 + b) < T.Cast("int32", n) and p * 32 * warps + wy * 32 + lane < groups
                     and mreg[d * 32 + b] != 0, T.shift_left(T.uint32(1), T.Cast("uint32", b)), T.uint32(0))
             flag[0] = T.Select(words[d] != T.uint32(0), 1, flag[0])
         flag[1] = T.Select(flag[0] != 0, 1, 0)
@@ -648,7 +662,7 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                                 if i * 32 * W + wy * 32 + lane < G + 1:
                                     sused[i * 32 * W + wy * 32 + lane] = used[i * 32 * W + wy * 32 + lane]
                         else:
-                            _used_groups(mask, sused, n, wy, lane, G, W, MT, BITS)
+                            _used_groups(mask, sused, n, wy, lane, G, W, MT, BITS, 0)
                 T.tvm_storage_sync("shared")
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):

@@ -44,7 +44,8 @@ def test_model_builds_for_cuda(exported, tmp_path):
 def test_decode_kernels_use_tensor_cores_and_dispatch_on_tokens():
     """fp16 weights in tensor-core tiles get one tensor-core kernel per token bucket, picked per call on the
     host: direct kernels that read the mask for 1, <= 8, <= 16, <= 32 (and, gemm_k, <= 64) tokens, each with its
-    own tuned knobs, then tiles of 64 sorted tokens; they load 16-byte vectors into registers."""
+    own tuned knobs, then (by default) sorted 64-token tiles up to 128 tokens and the tile GEMM past that; they
+    load 16-byte vectors into registers."""
     from wide_tvm.schedules.gemv import DECODE_BUCKETS, DIRECT_TOKENS
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
@@ -53,8 +54,8 @@ def test_decode_kernels_use_tensor_cores_and_dispatch_on_tokens():
         with target:
             lib = tvm.compile(tvm.IRModule({name: func.with_attr("global_symbol", name)}), target)
         src = lib.mod.imports[0].inspect_source()
-        kernels = sum(b <= DIRECT_TOKENS[name] for b in DECODE_BUCKETS) + 1  # + the token tiles
-        assert kernels == {"gemm_mn": 5, "gemm_k": 6}[name]
+        kernels = sum(b <= DIRECT_TOKENS[name] for b in DECODE_BUCKETS) + 2  # + the 64-token tiles, the tile GEMM
+        assert kernels == {"gemm_mn": 6, "gemm_k": 7}[name]
         assert src.count("__global__ void") == 2 * kernels, name  # declaration + definition
         assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src, name
         assert "*(uint4*)(wreg_ptr" in src, name  # vectorised weight loads into registers
@@ -78,13 +79,41 @@ def test_decode_knobs_cp_async_ring_and_row_tiles():
     src = lib.mod.imports[0].inspect_source()
     assert "cp.async.cg.shared.global" in src and "cp.async.wait_group" in src
     # the 32-token bucket splits K over 2 blocks and gemm_k's 64-token bucket over 3: each such bucket adds a
-    # launch that sums the partials. gemm_k: 5 buckets + 2 fix-ups + token tiles; gemm_mn (no 64-token direct
-    # kernel): 4 buckets + 1 fix-up + token tiles
-    assert src.count("__global__ void __launch_bounds__") == 2 * (5 + 2 + 1) + 2 * (4 + 1 + 1)
+    # launch that sums the partials. gemm_k: 5 buckets + 2 fix-ups + token tiles + tile GEMM; gemm_mn (no 64-token
+    # direct kernel): 4 buckets + 1 fix-up + token tiles + tile GEMM
+    assert src.count("__global__ void __launch_bounds__") == 2 * (5 + 2 + 2) + 2 * (4 + 1 + 2)
     with pytest.raises(ValueError, match="knobs for 3 token buckets"):
         gemm_k(8, 64, 256, "float16", "tc", "cuda", decode_knobs=kn[:3])
     stages, unroll, warps = _fit_ring(4, 4, 16, 4, lambda w: w * 1024)
     assert warps * stages * unroll * 4 * 512 + warps * 1024 <= SMEM_BYTES and stages >= 2
+
+
+def test_tile_kernels_build_for_every_knob():
+    """The many-token tile kernels build for every knob and warp layout: one row tile per group (all 8 warps
+    along the tokens), several blocks per group (group 512), gemm_k's row tiles; the activation copies carry a
+    src-size operand (rows that skip the group are zero-filled, not read). Bad knobs are refused by name."""
+    from wide_tvm.schedules.tile_gemm import GEMV_TILES, TileKnobs, _warp_grid
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    funcs = {}
+    for i, one in enumerate((TileKnobs(), TileKnobs(64, 2, 2, 2), TileKnobs(128, 2, 4, 1))):
+        kn = (one,) * 3
+        funcs[f"mn{i}"] = gemm_mn(4, 16, 96, "float16", "tc", True, "cuda", tile_knobs=kn)
+        funcs[f"q{i}"] = gemm_mn(2, 512, 64, "float16", "tc", False, "cuda", tile_knobs=kn)
+        funcs[f"k{i}"] = gemm_k(6, 32, 64, "float16", "tc", "cuda", tile_knobs=kn)
+    with target:
+        lib = tvm.compile(tvm.IRModule({k: f.with_attr("global_symbol", k) for k, f in funcs.items()}), target)
+    src = lib.mod.imports[0].inspect_source()
+    assert "cp.async.cg.shared.global [%0], [%1], 16, %2;" in src
+    assert src.count("__global__ void __launch_bounds__(256)") == 2 * len(funcs)  # one 8-warp tile kernel each
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
+    assert _warp_grid(8, TileKnobs(rows=2)) == (2, 4, 2)  # group 128: 4 warps x 2 row tiles, 2 warps on tokens
+    assert _warp_grid(1, TileKnobs(rows=2)) == (1, 1, 8)  # group 16: one row tile, every warp on the tokens
+    assert _warp_grid(256, TileKnobs(rows=3)) == (1, 8, 1)  # rows that do not divide the row tiles: 1
+    with pytest.raises(ValueError, match="tokens must be a multiple of 64"):
+        gemm_k(6, 32, 64, "float16", "tc", "cuda", tile_knobs=(TileKnobs(96),) * 3)
+    with pytest.raises(ValueError, match="tile knobs for 2 token buckets"):
+        gemm_k(6, 32, 64, "float16", "tc", "cuda", tile_knobs=(GEMV_TILES, TileKnobs()))
 
 
 def test_decode_kernels_are_only_for_fp16_tiles():

@@ -99,6 +99,7 @@ def test_tuned_knobs_reach_the_kernels():
     """LowerGatedLayers turns a knob entry into kernel arguments (CPU tile; CUDA decode knobs)."""
     from wide_tvm.passes.lower_gated import _State, _tuned
     from wide_tvm.schedules.gemv import GemvKnobs
+    from wide_tvm.schedules.tile_gemm import DEFAULT_TILES
 
     key = kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16")
     entries = {key: {"cpu": {"bm": 4, "bn": 16}, "decode": [[32, 2], [16, 1]]}}
@@ -111,7 +112,8 @@ def test_tuned_knobs_reach_the_kernels():
     # a two-bucket log (written before the 1-token bucket) gives its <= 8 knobs to 1 token as well; the
     # buckets it predates (32, 64 tokens) keep the defaults
     assert _tuned(gpu, "gemm_k", 112, 128, 4096, "float16") == {
-        "decode_knobs": (GemvKnobs(32, 2), GemvKnobs(32, 2), GemvKnobs(16, 1), GemvKnobs(), GemvKnobs())}
+        "decode_knobs": (GemvKnobs(32, 2), GemvKnobs(32, 2), GemvKnobs(16, 1), GemvKnobs(), GemvKnobs()),
+        "tile_knobs": DEFAULT_TILES}  # a log without tile knobs: the defaults
     assert _tuned(gpu, "gemm_k", 112, 128, 2048, "float16") == {}
 
 
@@ -129,11 +131,24 @@ def test_wide_tune_from_gpu_sweep(tmp_path):
     down = entries[kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16")]
     assert down["decode"] == [[8, 4, 2, 0, 1, 1]] + [[8, 2, 2, 0, 1, 1]] * 4
     assert down["timed_at_tokens"] == [[1], [4, 8], [16], [32], [64]]
+    assert "tiles" not in down
     from wide_tvm.passes.lower_gated import _State, _tuned
     from wide_tvm.schedules.gemv import GemvKnobs
+    from wide_tvm.schedules.tile_gemm import TileKnobs
 
+    # a second sweep of the many-token kernels alone adds their picks (per bucket) to the first one's decode picks
+    picks = {"tiles128": ["gemv"], "tiles512": [64, 2, 4, 2], "tiles": [128, 1, 4, 2]}
+    tiles = {"best": {f"down_g128/{b}": {"knobs": "x", "tile": v, "summed_us": 900.04, "tokens": [512]}
+                      for b, v in picks.items()}}
+    (tmp_path / "tiles.json").write_text(json.dumps(tiles))
+    assert tune_main(["--target", "cuda", "--from-sweep", str(tmp_path / "sweep.json"), str(tmp_path / "tiles.json"),
+                      "--out", out]) == 0
+    entries = kernel_knobs.load(out)
+    down = entries[kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16")]
+    assert down["tiles"] == list(picks.values()) and down["tiles_us"] == [900.0] * 3
     assert _tuned(_State("cuda", {}, None, entries), "gemm_k", 112, 128, 4096, "float16") == {
-        "decode_knobs": (GemvKnobs(8, 4, 2),) + (GemvKnobs(8, 2, 2),) * 4}
+        "decode_knobs": (GemvKnobs(8, 4, 2),) + (GemvKnobs(8, 2, 2),) * 4,
+        "tile_knobs": (TileKnobs(kernel="gemv"), TileKnobs(64, 2, 4, 2), TileKnobs(128, 1, 4, 2))}
     from wide_tvm.bench import workloads
     from wide_tvm.schedules import gemv
 
@@ -184,3 +199,12 @@ def test_sweep_knob_names_match_the_kernels():
 
     for v in K_VARIANTS + MN_VARIANTS:
         assert knob_name(v) == GemvKnobs(*v).name()
+    from wide_tvm.bench.workloads import LLAMA_8B, TILE_BUCKETS, TILE_VARIANTS, tile_name, variant_name, variants
+    from wide_tvm.schedules import tile_gemm
+
+    for v in TILE_VARIANTS:
+        assert tile_name(v) == tile_gemm.tile_knob(v).name()
+    assert TILE_BUCKETS == tile_gemm.TILE_BUCKETS
+    down = next(w for w in LLAMA_8B if w.kind == "gemm_k")
+    assert variants(down, 64) == K_VARIANTS and variants(down, 65) == TILE_VARIANTS  # past the direct kernels
+    assert variant_name(down, 512, TILE_VARIANTS[1]) == "t128r1s3p1" and tile_name(TILE_VARIANTS[0]) == "gemv64"

@@ -25,6 +25,7 @@ from wide_tvm.model import WideConfig, build_example, example_inputs  # noqa: E4
 from wide_tvm.tiny_checkpoint import LORA_ALPHA, write_tiny_checkpoint  # noqa: E402
 from wide_tvm.schedules import gemm_k, gemm_mn, mask_reorder  # noqa: E402
 from wide_tvm.schedules.gemv import DECODE_BUCKETS, GemvKnobs  # noqa: E402
+from wide_tvm.schedules.tile_gemm import DEFAULT_TILES, TileKnobs  # noqa: E402
 
 KERNELS = [
     # (kind, groups, group_size, other_dim, dtype, layout)
@@ -74,13 +75,25 @@ KERNELS = [
     ("gemm_mn_swiglu", 448, 32, 4096, "float16", "tc", (8, 2, 1, 0, 2, 4)),
     ("gemm_mn", 8, 512, 4096, "float16", "tc", (16, 2, 1, 0, 4, 4)),
     ("gemm_mn_swiglu", 6, 32, 64, "float16", "tc", (4, 1, 1, 0, 2, 2)),
+    # many-token tile kernels (tokens per block, row tiles per warp, ring stages, weight prefetch) the defaults
+    # (128, 1, 3, 1) do not take
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, (64, 2, 2, 2)),
+    ("gemm_mn_swiglu", 448, 32, 4096, "float16", "tc", None, (128, 2, 4, 2)),
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", None, (64, 2, 3, 1)),
+    ("gemm_k", 112, 128, 4096, "float16", "tc", None, (64, 2, 4, 2)),
+    ("gemm_k", 448, 32, 4096, "float16", "tc", None, (128, 2, 2, 1)),
+    ("gemm_k", 6, 32, 64, "float16", "tc", None, (64, 2, 2, 2)),
+    ("gemm_mn_swiglu", 6, 32, 64, "float16", "tc", None, (128, 2, 4, 2)),
+    ("gemm_mn", 4, 16, 96, "float16", "tc", None, (64, 1, 2, 1)),
 ]
 
 
-def kernel_func(kind, g, gs, dim, dtype, layout, knobs=None):
+def kernel_func(kind, g, gs, dim, dtype, layout, knobs=None, tile=None):
     if kind == "mask_reorder":
         return mask_reorder(g, "cuda")
     extra = {"decode_knobs": (GemvKnobs(*knobs),) * len(DECODE_BUCKETS)} if knobs else {}
+    if tile:
+        extra["tile_knobs"] = (TileKnobs(*tile),) * len(DEFAULT_TILES)
     if kind == "gemm_k":
         return gemm_k(g, gs, dim, dtype, layout, "cuda", **extra)
     return gemm_mn(g, gs, dim, dtype, layout, kind == "gemm_mn_swiglu", "cuda", **extra)
@@ -116,7 +129,9 @@ def main(out_dir: str) -> None:
         name = f"k{i}_{spec[0]}"
         funcs[name] = kernel_func(*spec).with_attr("global_symbol", name)
         specs.append({"name": name, "kind": spec[0], "groups": spec[1], "group_size": spec[2], "dim": spec[3],
-                      "dtype": spec[4], "layout": spec[5], "knobs": GemvKnobs(*spec[6]).name() if len(spec) > 6 else ""})
+                      "dtype": spec[4], "layout": spec[5],
+                      "knobs": (GemvKnobs(*spec[6]).name() if len(spec) > 6 and spec[6] else "")
+                      + (TileKnobs(*spec[7]).name() if len(spec) > 7 else "")})
     with target:
         tvm.compile(tvm.IRModule(funcs), target).export_library(os.path.join(out_dir, "kernels.so"))
     with open(os.path.join(out_dir, "kernels.json"), "w") as f:

@@ -100,7 +100,7 @@ def check_kernels(build_dir: str, rows: list) -> None:
             n = g * gs
             wshape = (dim, n) if layout == "kn" else (n, dim)
             wg, wu = (randn(*wshape, dtype=dtype, scale=1 / np.sqrt(dim)) for _ in range(2))
-        for t in TOKENS if not big else (1, 4, 8, 9, 16, 17, 31, 32, 33, 47, 64, 65, 130):
+        for t in TOKENS if not big else (1, 4, 8, 9, 16, 17, 31, 32, 33, 47, 64, 65, 130, 300):
             for kind in MASK_KINDS:
                 mask_np = make_mask(kind, t, g, rng)
                 mask = torch.from_numpy(mask_np).cuda()

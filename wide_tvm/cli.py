@@ -181,7 +181,8 @@ def bench_main(argv=None) -> int:
             if args.sweep:
                 import json
 
-                result = measure.sweep(args.dir, tuple(args.tokens or measure.SWEEP_TOKENS), timer=args.timer)
+                tokens = args.tokens or measure.SWEEP_TOKENS + measure.PREFILL_SWEEP_TOKENS
+                result = measure.sweep(args.dir, tuple(tokens), timer=args.timer)
                 with open(args.json, "w") as f:
                     json.dump(result, f, indent=1)
                 print(f"wrote {args.json}: best {result['best']}")
@@ -211,7 +212,8 @@ def tune_main(argv=None) -> int:
     p.add_argument("--target", default="llvm")
     p.add_argument("--out", help="tuning folder (default: tuning_logs/<target>/)")
     p.add_argument("--force", action="store_true", help="re-tune kernels already in the folder")
-    p.add_argument("--from-sweep", help="import GPU timings from `wide-bench run --sweep` (cuda targets)")
+    p.add_argument("--from-sweep", nargs="+", metavar="SWEEP_JSON",
+                   help="import GPU timings from `wide-bench run --sweep` (cuda targets); later files win")
     p.add_argument("--llama8b", action="store_true", help="tune the benchmark's Llama-3.1-8B FFN kernels (CPU)")
     args = p.parse_args(argv)
     try:

@@ -145,14 +145,18 @@ def tune_cpu(specs: list[KernelSpec], done: dict, force: bool, progress) -> dict
     return entries
 
 
-def from_sweep(path: str) -> dict:
-    """Kernel-knob entries from a `wide-bench run --sweep` JSON measured on the GPU."""
+def from_sweep(paths: list[str]) -> dict:
+    """Kernel-knob entries from `wide-bench run --sweep` JSONs measured on the GPU; a later file's picks replace
+    an earlier one's (e.g. a sweep of the tile kernels alone over a full one)."""
     import json
 
-    from .bench.workloads import DECODE_BUCKETS, LLAMA_8B
+    from .bench.workloads import DECODE_BUCKETS, LLAMA_8B, TILE_BUCKETS
 
-    with open(path) as f:
-        best = json.load(f)["best"]
+    tile_keys = [f"tiles{b}" for b in TILE_BUCKETS] + ["tiles"]  # the sweep's many-token buckets
+    best = {}
+    for path in paths:
+        with open(path) as f:
+            best.update(json.load(f)["best"])
     entries = {}
     for w in LLAMA_8B:
         picks = [best.get(f"{w.name}/{bucket}") for bucket in DECODE_BUCKETS]
@@ -164,6 +168,11 @@ def from_sweep(path: str) -> dict:
                         p.get("ksplit", 1)] for p in picks],
             "us": [round(p.get("summed_us", p.get("kernel_us", 0.0)), 1) for p in picks],
             "timed_at_tokens": [p["tokens"] for p in picks]}
+        tiles = [best.get(f"{w.name}/{b}") for b in tile_keys]
+        if None not in tiles:  # the many-token kernels' picks (sweeps since the tile GEMM)
+            entries[kernel_knobs.kernel_key(kind, w.groups, w.group_size, w.dim, w.dtype)].update(
+                tiles=[p["tile"] for p in tiles], tiles_us=[round(p["summed_us"], 1) for p in tiles],
+                tiles_timed_at_tokens=[p["tokens"] for p in tiles])
     return entries
 
 
@@ -180,7 +189,7 @@ def cpu_layout(kind: str) -> str:
     return "kn" if kind == "gemm_k" else "nk"
 
 
-def tune(model: str | None, target: str, out: str, force: bool = False, sweep: str | None = None,
+def tune(model: str | None, target: str, out: str, force: bool = False, sweep: list[str] | None = None,
          llama8b: bool = False) -> str:
     from rich.progress import Progress
 
@@ -192,13 +201,13 @@ def tune(model: str | None, target: str, out: str, force: bool = False, sweep: s
     shown_out = os.path.relpath(out) if not os.path.relpath(out).startswith("..") else out
     command = " ".join(part for part in ("wide-tune", model, "--llama8b" if llama8b else None, "--target", target,
                                          "--out", shown_out, "--force" if force else None,
-                                         f"--from-sweep {sweep}" if sweep else None) if part)
+                                         f"--from-sweep {' '.join(sweep)}" if sweep else None) if part)
     if sweep:
         if tgt.kind.name != "cuda":
             raise WideError("--from-sweep imports GPU measurements; use it with a cuda target")
         import json
 
-        with open(sweep) as f:
+        with open(sweep[-1]) as f:
             device = json.load(f).get("device", "GPU of the sweep")
         return kernel_knobs.save(out, from_sweep(sweep), str(tgt), command, hardware=device)
     if model is None and not llama8b:

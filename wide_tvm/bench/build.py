@@ -24,7 +24,8 @@ from ..passes import LowerGatedLayers, wide_pipeline  # noqa: E402
 from ..schedules import gemm_k, gemm_mn, mask_reorder  # noqa: E402
 from ..targets import parse_target, target_folder  # noqa: E402
 from ..schedules.gemv import DECODE_BUCKETS, GemvKnobs, decode_knobs, supports_k, supports_mn  # noqa: E402
-from .workloads import LLAMA_8B, Workload, variants  # noqa: E402
+from ..schedules.tile_gemm import DEFAULT_TILES, tile_knob, tile_knobs  # noqa: E402
+from .workloads import LLAMA_8B, TILE_VARIANTS, Workload, variants  # noqa: E402
 
 
 def weight_layout_for(w: Workload, target_kind: str) -> str:
@@ -35,8 +36,9 @@ def weight_layout_for(w: Workload, target_kind: str) -> str:
     return "tc" if fits else "nk"
 
 
-def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None):
-    """Our kernel for `w`: with `knobs` for both decode buckets, else the tuned entry, else defaults."""
+def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None, tile=None):
+    """Our kernel for `w`: with `knobs` for every decode bucket, else the tuned entry, else defaults; with
+    `tile`, those many-token tile knobs instead of the tuned ones."""
     kind = "gemm_k" if w.kind == "gemm_k" else ("gemm_mn_swiglu" if w.swiglu else "gemm_mn")
     entry = (tuned or {}).get(kernel_key(kind, w.groups, w.group_size, w.dim, w.dtype), {})
     extra = {}
@@ -44,6 +46,8 @@ def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None
         extra = {"decode_knobs": (knobs,) * len(DECODE_BUCKETS)}
     elif "decode" in entry:
         extra = {"decode_knobs": decode_knobs(entry["decode"])}
+    if target_kind == "cuda":
+        extra["tile_knobs"] = (tile_knob(tile),) * len(DEFAULT_TILES) if tile else tile_knobs(entry.get("tiles"))
     layout = weight_layout_for(w, target_kind)
     if w.kind == "gemm_mn":
         return gemm_mn(w.groups, w.group_size, w.k, w.dtype, layout, w.swiglu, target_kind, **extra)
@@ -63,6 +67,9 @@ def our_kernels(workloads: list[Workload], target_kind: str, sweep: bool = False
                 knobs = GemvKnobs(*v)
                 name = f"{w.kernel}_{knobs.name()}"
                 funcs[name] = _kernel(w, target_kind, knobs).with_attr("global_symbol", name)
+            for v in TILE_VARIANTS:
+                name = f"{w.kernel}_{tile_knob(v).name()}"
+                funcs[name] = _kernel(w, target_kind, tuned=tuned, tile=v).with_attr("global_symbol", name)
     return funcs
 
 

@@ -14,7 +14,8 @@ import numpy as np
 
 from ..kernel_reference import make_mask
 from ..weight_layout import pack
-from .workloads import DECODE_BUCKETS, MASKS, SPARSITIES, SWEEP_TOKENS, TOKENS, Workload, knob_name, variants
+from .workloads import (DECODE_BUCKETS, MASKS, PREFILL_SWEEP_TOKENS, SPARSITIES, SWEEP_TOKENS, TOKENS, Workload,
+                        tile_bucket, variant_name, variants)
 
 
 TIMERS = ("events", "do_bench")
@@ -220,14 +221,17 @@ def _check(w: Workload, x, wts, mask, out, call) -> float:
 
 
 
-def _bucket(m: int) -> int:
-    """The direct-kernel bucket (schedules.gemv.DECODE_BUCKETS: 1, 8, 16, 32, 64 tokens) that runs m tokens."""
-    return next(b for b in DECODE_BUCKETS if m <= b)
+def _bucket(w: Workload, m: int):
+    """The kernel that runs m tokens: a direct-kernel bucket (schedules.gemv.DECODE_BUCKETS: 1, 8, 16, 32, 64
+    tokens) up to the workload's direct bound, else a many-token bucket (tiles128, tiles512, tiles)."""
+    return tile_bucket(m) if m > w.direct_tokens else next(b for b in DECODE_BUCKETS if m <= b)
 
 
-def sweep(build_dir: str, tokens=SWEEP_TOKENS, sparsity: float = 0.5, progress=print, timer: str = "events") -> dict:
-    """Time every decode knob candidate (built by `wide-bench build --sweep`) on random masks, checking each
-    one's output against torch; pick per workload and token bucket (1, <= 8, <= 16, <= 32, <= 64) the least summed time."""
+def sweep(build_dir: str, tokens=SWEEP_TOKENS + PREFILL_SWEEP_TOKENS, sparsity: float = 0.5, progress=print,
+          timer: str = "events") -> dict:
+    """Time every knob candidate (built by `wide-bench build --sweep`) on random masks, checking each one's
+    output against torch; pick per workload and kernel (direct-kernel token buckets 1, <= 8, <= 16, <= 32,
+    <= 64; the tile kernel past them) the least summed time."""
     import torch
     import tvm
 
@@ -252,8 +256,8 @@ def sweep(build_dir: str, tokens=SWEEP_TOKENS, sparsity: float = 0.5, progress=p
             xt_torch = torch.randn(m, w.k, device="cuda").half()
             out_torch = torch.empty(m, w.n, dtype=torch.float16, device="cuda")
             xt, out = tv(xt_torch), tv(out_torch)
-            for v in variants(w):
-                name = knob_name(v)  # schedules is not importable here
+            for v in variants(w, m):
+                name = variant_name(w, m, v)  # schedules is not importable here
                 fn = ours[f"{w.kernel}_{name}"]
 
                 def call(fn=fn, r_args=r_args, xt=xt, out=out):
@@ -264,7 +268,7 @@ def sweep(build_dir: str, tokens=SWEEP_TOKENS, sparsity: float = 0.5, progress=p
                 if not err < 2e-3:
                     raise RuntimeError(f"{w.name} {name} at {m} tokens: relative error {err:.1e}")
                 rows.append({"workload": w.name, "tokens": m, "knobs": name, "kernel_us": t, "rel_err": err})
-                total = totals.setdefault(f"{w.name}/{_bucket(m)}", {}).setdefault(name, [v, 0.0, []])
+                total = totals.setdefault(f"{w.name}/{_bucket(w, m)}", {}).setdefault(name, [v, 0.0, []])
                 total[1] += t
                 total[2].append(m)
             progress(f"{w.name:14s} M={m:3d} " + "  ".join(f"{r['knobs']} {r['kernel_us']:6.1f}"
@@ -272,6 +276,9 @@ def sweep(build_dir: str, tokens=SWEEP_TOKENS, sparsity: float = 0.5, progress=p
         del weights
     for key, per_knob in totals.items():  # per token bucket, the knobs with the least summed time over its counts
         name, (v, t, ms) = min(per_knob.items(), key=lambda kv: kv[1][1])
+        if "/tiles" in key:
+            best[key] = {"knobs": name, "tile": list(v), "summed_us": t, "tokens": ms}
+            continue
         best[key] = {"knobs": name, "warps": v[0], "unroll": v[1], "rows": v[2] if len(v) > 2 else 1,
                      "stages": v[3] if len(v) > 3 else 0, "row_warps": v[4] if len(v) > 4 else 1,
                      "ksplit": v[5] if len(v) > 5 else 1,

@@ -84,8 +84,36 @@ K_VARIANTS = ((16, 2), (16, 4), (32, 1), (32, 2), (8, 2, 2), (16, 2, 2), (16, 1,
               (16, 1, 1, 2, 1, 4))
 
 
-def variants(w: Workload) -> tuple:
+# Candidates for the token counts past the direct kernels (schedules.tile_gemm): the gemv kernels over sorted
+# 64-token tiles, and the shared-memory tile GEMM's (tokens per block, row tiles per warp, activation ring stages,
+# weight chunks prefetched). The sweep picks one per bucket (TILE_BUCKETS) from its PREFILL_SWEEP_TOKENS timings.
+TILE_VARIANTS = (("gemv",), (128, 1, 3, 1), (64, 1, 3, 1), (128, 2, 3, 1), (64, 2, 3, 1), (128, 1, 4, 2),
+                 (128, 2, 4, 2), (64, 2, 4, 2), (128, 1, 2, 1))
+TILE_BUCKETS = (128, 512)  # = schedules.tile_gemm.TILE_BUCKETS
+PREFILL_SWEEP_TOKENS = (65, 128, 256, 512, 1024, 4096)
+
+
+def variants(w: Workload, tokens: int = 1) -> tuple:
+    """Knob candidates of the kernel that runs `tokens` tokens: a direct kernel's, or past the direct bound the
+    tile kernel's."""
+    if tokens > w.direct_tokens:
+        return TILE_VARIANTS
     return MN_VARIANTS if w.kind == "gemm_mn" else K_VARIANTS
+
+
+def tile_name(v: tuple) -> str:
+    """schedules.tile_gemm.tile_knob(v).name(), without importing the kernels."""
+    return "gemv64" if v == ("gemv",) else "t{}r{}s{}p{}".format(*v)
+
+
+def tile_bucket(tokens: int) -> str:
+    """Sweep bucket of the many-token kernel that runs `tokens` tokens: tiles128, tiles512 or tiles."""
+    return next((f"tiles{b}" for b in TILE_BUCKETS if tokens <= b), "tiles")
+
+
+def variant_name(w: Workload, tokens: int, v: tuple) -> str:
+    """Name of candidate v of the kernel that runs `tokens` tokens (the suffix of its sweep build)."""
+    return tile_name(v) if tokens > w.direct_tokens else knob_name(v)
 
 
 def knob_name(v: tuple) -> str:

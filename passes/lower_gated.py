@@ -14,6 +14,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import rewrite_call
 
+from ..errors import WideError
 from ..kernel_knobs import kernel_key
 from ..schedules import gemm_k, gemm_mn, mask_reorder
 from ..schedules.gemv import DIRECT_TOKENS, decode_knobs, supports_k, supports_mn
@@ -118,14 +119,18 @@ def _is_attention(operand, var2val, depth: int = 10) -> bool:
 
 def _tuned(state: _State, kind: str, groups: int, group_size: int, dim: int, dtype: str) -> dict:
     """Keyword arguments with the tuned knobs of one kernel, {} when the tuning log has none."""
-    entry = state.knobs.get(kernel_key(kind, groups, group_size, dim, dtype))
+    key = kernel_key(kind, groups, group_size, dim, dtype)
+    entry = state.knobs.get(key)
     if not entry:
         return {}
-    if state.target_kind == "cuda":
-        return {**({"decode_knobs": decode_knobs(entry["decode"])} if "decode" in entry else {}),
-                "tile_knobs": tile_knobs(entry.get("tiles"))}
-    if state.target_kind == "llvm" and "cpu" in entry:
-        return {"cpu_tile": tiles_from_log(entry["cpu"])}
+    try:
+        if state.target_kind == "cuda":
+            return {**({"decode_knobs": decode_knobs(entry["decode"])} if "decode" in entry else {}),
+                    "tile_knobs": tile_knobs(entry.get("tiles"))}
+        if state.target_kind == "llvm" and "cpu" in entry:
+            return {"cpu_tile": tiles_from_log(entry["cpu"])}
+    except (TypeError, ValueError, KeyError) as err:
+        raise WideError(f"tuning log entry {key}: unusable knobs ({err}); re-tune it or delete the entry") from None
     return {}
 
 

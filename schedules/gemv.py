@@ -83,6 +83,10 @@ def decode_knobs(entries: list) -> DecodeKnobs:
     before the 1-token bucket existed ([<= 8, <= 16]) gives its <= 8 knobs to 1 token as well; buckets a log
     predates (32, 64 tokens) keep the defaults."""
     knobs = tuple(GemvKnobs(*e) for e in entries)
+    for k in knobs:
+        counts = (k.warps, k.unroll, k.rows, k.row_warps, k.ksplit)
+        if not all(isinstance(v, int) and v >= 1 for v in counts) or k.stages not in (0, *range(2, 9)):
+            raise ValueError(f"decode knobs {k}: counts must be integers >= 1, stages 0 or 2-8")
     if len(knobs) == 2:
         knobs = (knobs[0],) + knobs
     return knobs + DEFAULT_DECODE[len(knobs):]

@@ -54,7 +54,13 @@ DEFAULT_TILES = (GEMV_TILES, TileKnobs(), TileKnobs())
 
 def tile_knob(entry) -> TileKnobs:
     """One bucket's knobs from a log or sweep entry: [tokens, rows, stages, prefetch], or ["gemv"]."""
-    return GEMV_TILES if list(entry) == ["gemv"] else TileKnobs(*entry)
+    if list(entry) == ["gemv"]:
+        return GEMV_TILES
+    knobs = TileKnobs(*entry)
+    if knobs.rows < 1:
+        raise ValueError(f"tile knobs {knobs}: rows must be >= 1")
+    _warp_grid(1, knobs)  # the remaining checks
+    return knobs
 
 
 def tile_knobs(entry) -> tuple:

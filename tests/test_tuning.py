@@ -10,6 +10,7 @@ from conftest import build_cpu
 
 import wide_tvm
 from wide_tvm import kernel_knobs
+from wide_tvm.errors import WideError
 from wide_tvm.cli import tune_main
 from wide_tvm.kernel_reference import make_mask, ref_gemm_k, ref_gemm_mn, ref_mask_reorder, rel_err
 from wide_tvm.schedules import gemm_k, gemm_mn
@@ -115,6 +116,11 @@ def test_tuned_knobs_reach_the_kernels():
         "decode_knobs": (GemvKnobs(32, 2), GemvKnobs(32, 2), GemvKnobs(16, 1), GemvKnobs(), GemvKnobs()),
         "tile_knobs": DEFAULT_TILES}  # a log without tile knobs: the defaults
     assert _tuned(gpu, "gemm_k", 112, 128, 2048, "float16") == {}
+    # a hand-edited or foreign log fails with the kernel's key, not deep inside the kernel builder
+    for bad in ({"tiles": [[96, 1, 3, 1]] * 3}, {"tiles": [["gemv"], [128, 0, 3, 1], [128]]}, {"decode": [["x"]]},
+                {"tiles": [[128, 1, 1, 1]] * 3}):
+        with pytest.raises(WideError, match=f"tuning log entry {key}: unusable knobs"):
+            _tuned(_State("cuda", {}, None, {key: bad}), "gemm_k", 112, 128, 4096, "float16")
 
 
 def test_wide_tune_from_gpu_sweep(tmp_path):

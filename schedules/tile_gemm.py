@@ -57,9 +57,7 @@ def tile_knob(entry) -> TileKnobs:
     if list(entry) == ["gemv"]:
         return GEMV_TILES
     knobs = TileKnobs(*entry)
-    if knobs.rows < 1:
-        raise ValueError(f"tile knobs {knobs}: rows must be >= 1")
-    _warp_grid(1, knobs)  # the remaining checks
+    check_tile_knobs(knobs)
     return knobs
 
 
@@ -82,12 +80,17 @@ def many_token_kernels(knobs: tuple, gemv_tiles, make_tiles) -> list:
     return [(bound, bodies[k]) for bound, k in zip(TILE_BUCKETS + (None,), knobs)]
 
 
+def check_tile_knobs(knobs: TileKnobs) -> None:
+    """ValueError unless `knobs` describe a tile GEMM this module can build."""
+    if knobs.kernel != "smem" or knobs.tokens % 64 or knobs.rows < 1 or knobs.stages < 2 or knobs.prefetch < 1:
+        raise ValueError(f"tile knobs {knobs}: tokens must be a multiple of 64, rows >= 1, stages >= 2, "
+                         "prefetch >= 1, kernel 'smem' (or 'gemv', which has no tile GEMM)")
+
+
 def _warp_grid(row_tiles: int, knobs: TileKnobs) -> tuple[int, int, int]:
     """(row tiles per warp, warps along the channels, warps along the tokens) for `row_tiles` 16-channel tiles
     that a block may share activations over."""
-    if knobs.kernel != "smem" or knobs.tokens % 64 or knobs.stages < 2 or knobs.prefetch < 1:
-        raise ValueError(f"tile knobs {knobs}: tokens must be a multiple of 64, stages >= 2, prefetch >= 1, "
-                         "kernel 'smem' (or 'gemv', which has no tile GEMM)")
+    check_tile_knobs(knobs)
     rt = knobs.rows if row_tiles % knobs.rows == 0 else 1
     wr = gcd(row_tiles // rt, WARPS)
     return rt, wr, WARPS // wr
@@ -117,6 +120,17 @@ def _copy_row(c, tid):
     return (c * THREADS + tid) // 4
 
 
+def _out_slot(bt, wy, j, e, lane, tokens: int, wr: int, tw: int):
+    """Tile slot (token, or sorted position) of accumulator element e of column block j (C fragment: columns
+    2q, 2q + 1) of warp wy, in token tile bt."""
+    return bt * tokens + wy // wr * tw + j * 8 + lane % 4 * 2 + e % 2
+
+
+def _out_channel(tile, lane, e):
+    """Output channel of accumulator element e (C fragment: rows g, g + 8) in 16-row tile `tile`."""
+    return tile * ROWS + lane // 4 + 8 * (e // 2)
+
+
 def copies_per_thread(tokens: int) -> int:
     """16-byte activation copies each thread issues per K step (a tile row of 32 halves is 4 copies)."""
     return tokens * 4 // THREADS
@@ -124,8 +138,9 @@ def copies_per_thread(tokens: int) -> int:
 
 def k_loop(knobs: TileKnobs, nw: int, rt: int, nt: int, tw: int, issue, load_w):
     """Macro (xs, wbuf, breg, af, bf, acc, nsteps, wt, lane, *args): the K loop of a tile kernel, with its
-    kernel's `issue(step, nsteps, *args)` (cp.async one activation stage, or an empty group past the last) and
-    `load_w(wbuf, step, slot, *args)` (one chunk of this warp's weights into register slot `slot`).
+    kernel's `issue(step, nsteps, xs, *args)` (cp.async one activation stage into the ring xs, or an empty group
+    past the last) and `load_w(wbuf, step, slot, *args)` (one chunk of this warp's weights into register slot
+    `slot`).
 
     Step s waits for its activation stage, then one barrier (every warp's copies of step s landed, and every
     warp is done with step s - 1, whose ring slot the copy of step s + S - 1 reuses), then the multiply; the
@@ -137,7 +152,7 @@ def k_loop(knobs: TileKnobs, nw: int, rt: int, nt: int, tw: int, issue, load_w):
     @T.macro
     def run(xs, wbuf, breg, af, bf, acc, nsteps, wt, lane, *args):
         for st in T.unroll(S - 1):
-            issue(st, nsteps, *args)
+            issue(st, nsteps, xs, *args)
         for p in T.unroll(P):
             if p < nsteps:
                 load_w(wbuf, p, p, *args)
@@ -148,7 +163,7 @@ def k_loop(knobs: TileKnobs, nw: int, rt: int, nt: int, tw: int, issue, load_w):
                         load_w(wbuf, s0 * (P + 1) + b + P, (b + P) % (P + 1), *args)
                     T.ptx["cp.async.wait_group"](S - 2)
                     T.tvm_storage_sync("shared")
-                    issue(s0 * (P + 1) + b + S - 1, nsteps, *args)
+                    issue(s0 * (P + 1) + b + S - 1, nsteps, xs, *args)
                     for j in T.unroll(nt):
                         for v in T.vectorized(8):
                             breg[v] = xs[_ring_at(s0 * (P + 1) + b, wt * tw + j * 8 + lane // 4, lane, S,
@@ -195,7 +210,7 @@ def tile_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs: 
         T.ptx["cp.async.commit_group"]()
 
     @T.macro
-    def load_w(wbuf, step, slot, xs, x, wg, wu, trow, tsz, gi, bg, wr, wy, lane):
+    def load_w(wbuf, step, slot, x, wg, wu, trow, tsz, gi, bg, wr, wy, lane):
         for r in T.unroll(RT):
             for h in T.unroll(2):
                 for v in T.vectorized(8):
@@ -233,13 +248,13 @@ def tile_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs: 
                             for a in T.unroll(NACC):
                                 acc[a] = T.float32(0)
                             run(xs, wbuf, breg, af, bf, acc, CH, wy // WR, lane,
-                                xs, x, wg, wu, trow, tsz, gi, bg, wy % WR, wy, lane)
+                                x, wg, wu, trow, tsz, gi, bg, wy % WR, wy, lane)
                             for r in T.unroll(RT):
                                 for j in T.unroll(NT):
                                     for e in T.unroll(4):
-                                        if bt * BT + wy // WR * TW + j * 8 + lane % 4 * 2 + e % 2 < gi[1]:
-                                            out[order[gi[0], bt * BT + wy // WR * TW + j * 8 + lane % 4 * 2 + e % 2],
-                                                (tile0(gi, bg) + wy % WR * RT + r) * ROWS + lane // 4 + 8 * (e // 2)] = \
+                                        if _out_slot(bt, wy, j, e, lane, BT, WR, TW) < gi[1]:
+                                            out[order[gi[0], _out_slot(bt, wy, j, e, lane, BT, WR, TW)],
+                                                _out_channel(tile0(gi, bg) + wy % WR * RT + r, lane, e)] = \
                                                 T.Cast("float16", (
                                                     acc[(r * NT + j) * 4 + e] * T.sigmoid(acc[(r * NT + j) * 4 + e])
                                                     * acc[((RT + r) * NT + j) * 4 + e]) if swiglu
@@ -295,7 +310,7 @@ def tile_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = Til
         T.ptx["cp.async.commit_group"]()
 
     @T.macro
-    def load_w(wbuf, step, slot, xs, a, w, sused, bt, bx, wr, wy, lane, n):
+    def load_w(wbuf, step, slot, a, w, sused, bt, bx, wr, wy, lane, n):
         for r in T.unroll(RT):
             for h in T.unroll(2):
                 for v in T.vectorized(8):
@@ -323,13 +338,13 @@ def tile_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = Til
                         for i in T.unroll(NACC):
                             acc[i] = T.float32(0)
                         run(xs, wbuf, breg, af, bf, acc, nst[0], wy // WR, lane,
-                            xs, a, w, sused, bt, bx, wy % WR, wy, lane, n)
+                            a, w, sused, bt, bx, wy % WR, wy, lane, n)
                         for r in T.unroll(RT):
                             for j in T.unroll(NT):
                                 for e in T.unroll(4):
-                                    if bt * BT + wy // WR * TW + j * 8 + lane % 4 * 2 + e % 2 < nn(n):
-                                        out[bt * BT + wy // WR * TW + j * 8 + lane % 4 * 2 + e % 2,
-                                            (bx * BR + wy % WR * RT + r) * ROWS + lane // 4 + 8 * (e // 2)] = \
+                                    if _out_slot(bt, wy, j, e, lane, BT, WR, TW) < nn(n):
+                                        out[_out_slot(bt, wy, j, e, lane, BT, WR, TW),
+                                            _out_channel(bx * BR + wy % WR * RT + r, lane, e)] = \
                                             T.Cast("float16", acc[(r * NT + j) * 4 + e])
 
     return body

@@ -150,9 +150,8 @@ def from_sweep(paths: list[str]) -> dict:
     an earlier one's (e.g. a sweep of the tile kernels alone over a full one)."""
     import json
 
-    from .bench.workloads import DECODE_BUCKETS, LLAMA_8B, TILE_BUCKETS
+    from .bench.workloads import DECODE_BUCKETS, LLAMA_8B, TILE_SWEEP_BUCKETS
 
-    tile_keys = [f"tiles{b}" for b in TILE_BUCKETS] + ["tiles"]  # the sweep's many-token buckets
     best = {}
     for path in paths:
         with open(path) as f:
@@ -168,7 +167,7 @@ def from_sweep(paths: list[str]) -> dict:
                         p.get("ksplit", 1)] for p in picks],
             "us": [round(p.get("summed_us", p.get("kernel_us", 0.0)), 1) for p in picks],
             "timed_at_tokens": [p["tokens"] for p in picks]}
-        tiles = [best.get(f"{w.name}/{b}") for b in tile_keys]
+        tiles = [best.get(f"{w.name}/{b}") for b in TILE_SWEEP_BUCKETS]
         if None not in tiles:  # the many-token kernels' picks (sweeps since the tile GEMM)
             entries[kernel_knobs.kernel_key(kind, w.groups, w.group_size, w.dim, w.dtype)].update(
                 tiles=[p["tile"] for p in tiles], tiles_us=[round(p["summed_us"], 1) for p in tiles],

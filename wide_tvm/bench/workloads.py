@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 TOKENS = (1, 4, 8, 16, 32, 64, 512, 4096)
-SWEEP_TOKENS = (1, 4, 8, 16, 32, 64)
-DIRECT_TOKENS = {"gemm_mn": 32, "gemm_k": 64}  # = schedules.gemv.DIRECT_TOKENS  # token counts the knob sweep times: every DECODE_BUCKETS bucket
+SWEEP_TOKENS = (1, 4, 8, 16, 32, 64)  # token counts the knob sweep times: every DECODE_BUCKETS bucket
+DIRECT_TOKENS = {"gemm_mn": 32, "gemm_k": 64}  # = schedules.gemv.DIRECT_TOKENS
 DECODE_BUCKETS = (1, 8, 16, 32, 64)  # = schedules.gemv.DECODE_BUCKETS (the GPU host cannot import the kernels)
 SPARSITIES = (0.25, 0.5, 0.75)
 MASKS = ("random", "skewed")
@@ -90,6 +90,7 @@ K_VARIANTS = ((16, 2), (16, 4), (32, 1), (32, 2), (8, 2, 2), (16, 2, 2), (16, 1,
 TILE_VARIANTS = (("gemv",), (128, 1, 3, 1), (64, 1, 3, 1), (128, 2, 3, 1), (64, 2, 3, 1), (128, 1, 4, 2),
                  (128, 2, 4, 2), (64, 2, 4, 2), (128, 1, 2, 1))
 TILE_BUCKETS = (128, 512)  # = schedules.tile_gemm.TILE_BUCKETS
+TILE_SWEEP_BUCKETS = tuple(f"tiles{b}" for b in TILE_BUCKETS) + ("tiles",)  # their names in a sweep's picks
 PREFILL_SWEEP_TOKENS = (65, 128, 256, 512, 1024, 4096)
 
 
@@ -108,7 +109,7 @@ def tile_name(v: tuple) -> str:
 
 def tile_bucket(tokens: int) -> str:
     """Sweep bucket of the many-token kernel that runs `tokens` tokens: tiles128, tiles512 or tiles."""
-    return next((f"tiles{b}" for b in TILE_BUCKETS if tokens <= b), "tiles")
+    return next((name for b, name in zip(TILE_BUCKETS, TILE_SWEEP_BUCKETS) if tokens <= b), TILE_SWEEP_BUCKETS[-1])
 
 
 def variant_name(w: Workload, tokens: int, v: tuple) -> str:

@@ -47,6 +47,7 @@ class _State:
     repacked: dict = field(default_factory=dict)  # weight param -> (replacement param, source layout, layout)
     kernels: dict = field(default_factory=dict)  # name -> GlobalVar, shared by the module's functions
     layers: list = field(default_factory=list)
+    wgmma: bool = False  # the target compiles Hopper wgmma (sm_90a): tuned wgmma tile picks are kept
 
     def kernel(self, name: str, build) -> tvm.ir.GlobalVar:
         if name not in self.kernels:
@@ -126,7 +127,7 @@ def _tuned(state: _State, kind: str, groups: int, group_size: int, dim: int, dty
     try:
         if state.target_kind == "cuda":
             return {**({"decode_knobs": decode_knobs(entry["decode"])} if "decode" in entry else {}),
-                    "tile_knobs": tile_knobs(entry.get("tiles"))}
+                    "tile_knobs": tile_knobs(entry.get("tiles"), state.wgmma)}
         if state.target_kind == "llvm" and "cpu" in entry:
             return {"cpu_tile": tiles_from_log(entry["cpu"])}
     except (TypeError, ValueError, KeyError) as err:
@@ -300,8 +301,9 @@ def _replace_params(func: relax.Function, repacked: dict) -> relax.Function:
 class LowerGatedLayers:
     """Find router-gated layers with dpl patterns and lower them; `self.layers` reports what was lowered."""
 
-    def __init__(self, target_kind: str, enabled: bool = True, knobs: dict | None = None):
+    def __init__(self, target_kind: str, enabled: bool = True, knobs: dict | None = None, wgmma: bool = False):
         self.target_kind = target_kind
+        self.wgmma = wgmma
         self.enabled = enabled
         self.knobs = knobs or {}
         # weight parameter name -> (source layout, layout the kernels read); the compiler repacks the arrays
@@ -317,7 +319,7 @@ class LowerGatedLayers:
             if not isinstance(func, relax.Function):
                 continue
             state = _State(self.target_kind, relax.analysis.get_var2val(func), builder, self.knobs,
-                           tuple(func.params), kernels=kernels)
+                           tuple(func.params), kernels=kernels, wgmma=self.wgmma)
             ffn = gated_swiglu_ffn()
             func = rewrite_call(ffn.root, _rewrite_ffn(state, ffn), func)
             state.var2val = relax.analysis.get_var2val(func)

@@ -15,6 +15,7 @@ from ..weight_layout import stored_shape
 from .gemv import (DEFAULT_DECODE, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, gemv_mn_body, supports_mn,
                    tensor_core_kernels)
 from .tile_gemm import DEFAULT_TILES, many_token_kernels, tile_mn_body
+from .wgmma_gemm import wgmma_mn_body
 from .tiles import TileConfig, cpu_kernels, tile_config, tile_dims
 from .weights import check_layout, weight_loader
 
@@ -55,7 +56,8 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
         run_tc = tensor_core_kernels(
             "gemm_mn", decode_knobs, lambda mt, knobs: gemv_mn_body(G, gs, K, swiglu, mt, knobs),
             many_token_kernels(tile_knobs, lambda: gemv_mn_body(G, gs, K, swiglu, TILE_TOKENS, PREFILL_KNOBS, True),
-                               lambda k: tile_mn_body(G, gs, K, swiglu, k))) if small else None
+                               lambda k: wgmma_mn_body(G, gs, K, swiglu, k) if k.kernel == "wgmma"
+                               else tile_mn_body(G, gs, K, swiglu, k))) if small else None
 
         @T.macro
         def tiled(x, wg, wu, mask, counts, order, used, out, n):

@@ -259,6 +259,12 @@ def _sum_k_splits(ws, out, mask, n, splits, max_tokens, cols, nw, swiglu, gate_s
                     out[(bx * 256 + tx) // cols, (bx * 256 + tx) % cols] = T.Cast("float16", tot[0])
 
 
+def token_runs(sused, bits_at, groups, slot, row):
+    """1 where tile row `row` runs listed group `slot` (its bit in that group's token bit set, which
+    `_used_groups` wrote from bits_at on)."""
+    return T.bitwise_and(T.shift_right(sused[bits_at + row // 32 * (groups + 1) + slot], row % 32), 1)
+
+
 def bit_words(max_tokens: int) -> int:
     """int32 words of a token bit set (bit t % 32 of word t // 32: token t runs the group)."""
     return (max_tokens + 31) // 32

@@ -24,7 +24,7 @@ from math import gcd
 
 from tvm.script import tirx as T
 
-from .gemv import CHUNK, ROWS, _used_groups, a_fragment, bit_words
+from .gemv import CHUNK, ROWS, _used_groups, a_fragment, bit_words, token_runs
 
 WARPS = 8  # warps per block: WR along the channels x WT along the tokens
 THREADS = 32 * WARPS
@@ -37,34 +37,51 @@ class TileKnobs:
     stages: int = 3  # cp.async ring depth of the activation tiles (>= 2)
     prefetch: int = 1  # weight chunks loaded into registers ahead of their mma (>= 1)
     # "smem": this module's shared-memory tile GEMM; "gemv": the direct kernels' layout over sorted 64-token tiles
-    # (schedules/gemv.py: warps split K, no shared-memory staging), faster for a few hundred tokens or fewer
+    # (schedules/gemv.py: warps split K, no shared-memory staging), faster for a few hundred tokens or fewer;
+    # "wgmma": the Hopper warpgroup GEMMs of schedules/wgmma_gemm.py (sm_90a; rows: the wgmma N in 64s; no prefetch)
     kernel: str = "smem"
+    ksplit: int = 1  # wgmma gemm_k: blocks splitting the listed K steps, their fp32 partials summed in a fixed order
 
     def name(self) -> str:
         if self.kernel == "gemv":
             return "gemv64"
+        if self.kernel == "wgmma":
+            return f"wg{self.tokens}n{64 * self.rows}s{self.stages}" + (f"k{self.ksplit}" if self.ksplit > 1 else "")
         return f"t{self.tokens}r{self.rows}s{self.stages}p{self.prefetch}"
 
 
 GEMV_TILES = TileKnobs(kernel="gemv")
+# token tiles of the wgmma GEMMs: a warpgroup per 64 (3 would not split the weight copies evenly; 4 would need
+# 4 x 128 threads x 128 accumulator registers, the whole register file)
+WGMMA_TOKENS = (64, 128)
 # Token counts past the direct kernels are split into buckets (<= 128, <= 512, more), each with its kernel and knobs
 TILE_BUCKETS = (128, 512)
 DEFAULT_TILES = (GEMV_TILES, TileKnobs(), TileKnobs())
 
 
 def tile_knob(entry) -> TileKnobs:
-    """One bucket's knobs from a log or sweep entry: [tokens, rows, stages, prefetch], or ["gemv"]."""
-    if list(entry) == ["gemv"]:
+    """One bucket's knobs from a log or sweep entry: [tokens, rows, stages, prefetch], ["gemv"], or
+    ["wgmma", tokens, rows, stages(, ksplit)]."""
+    entry = list(entry)
+    if entry == ["gemv"]:
         return GEMV_TILES
-    knobs = TileKnobs(*entry)
+    if entry and entry[0] == "wgmma":
+        if len(entry) not in (4, 5):
+            raise ValueError(f"wgmma tile knobs {entry}: expected ['wgmma', tokens, rows (N / 64), stages(, ksplit)]")
+        knobs = TileKnobs(tokens=entry[1], rows=entry[2], stages=entry[3], kernel="wgmma",
+                          ksplit=entry[4] if len(entry) > 4 else 1)
+    else:
+        knobs = TileKnobs(*entry)
     check_tile_knobs(knobs)
     return knobs
 
 
-def tile_knobs(entry) -> tuple:
+def tile_knobs(entry, wgmma: bool = True) -> tuple:
     """Knobs per TILE_BUCKETS bucket (and the last, unbounded one) from a tuning log's list of tile_knob entries
-    (the defaults when absent)."""
-    return tuple(tile_knob(e) for e in entry) if entry else DEFAULT_TILES
+    (the defaults when absent). Without `wgmma` (a target other than sm_90a) a wgmma pick becomes the
+    mma.sync tile GEMM's default."""
+    knobs = tuple(tile_knob(e) for e in entry) if entry else DEFAULT_TILES
+    return knobs if wgmma else tuple(TileKnobs() if k.kernel == "wgmma" else k for k in knobs)
 
 
 def many_token_kernels(knobs: tuple, gemv_tiles, make_tiles) -> list:
@@ -81,7 +98,14 @@ def many_token_kernels(knobs: tuple, gemv_tiles, make_tiles) -> list:
 
 
 def check_tile_knobs(knobs: TileKnobs) -> None:
-    """ValueError unless `knobs` describe a tile GEMM this module can build."""
+    """ValueError unless `knobs` describe a tile GEMM this module (or schedules/wgmma_gemm.py) can build."""
+    if knobs.kernel == "wgmma":
+        if knobs.tokens not in WGMMA_TOKENS or knobs.stages < 3 or not 1 <= knobs.rows <= 4 or knobs.ksplit < 1:
+            raise ValueError(f"wgmma tile knobs {knobs}: tokens must be one of {WGMMA_TOKENS} (a warpgroup per "
+                             "64 tokens), rows 1..4 (wgmma N = 64 rows), stages >= 3 and ksplit >= 1")
+        return
+    if knobs.ksplit != 1:
+        raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_k splits K over blocks")
     if knobs.kernel != "smem" or knobs.tokens % 64 or knobs.rows < 1 or knobs.stages < 2 or knobs.prefetch < 1:
         raise ValueError(f"tile knobs {knobs}: tokens must be a multiple of 64, rows >= 1, stages >= 2, "
                          "prefetch >= 1, kernel 'smem' (or 'gemv', which has no tile GEMM)")
@@ -294,10 +318,6 @@ def tile_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = Til
         """Tile-layout K chunk of step `step` (through the listed groups)."""
         return sused[step // LPG] * LPG + step % LPG
 
-    def runs(sused, step, row):
-        """1 where tile row `row` runs the group of step `step` (its bit in the listed group's token bit set)."""
-        return T.bitwise_and(T.shift_right(sused[BITS + row // 32 * (G + 1) + step // LPG], row % 32), 1)
-
     @T.macro
     def issue(step, nsteps, xs, a, w, sused, bt, bx, wr, wy, lane, n):
         if step < nsteps:
@@ -306,7 +326,8 @@ def tile_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = Til
                     xs.ptr_to([_ring_at(step, _copy_row(c, wy * 32 + lane), wy * 32 + lane, S, BT)]),
                     a.ptr_to([T.min(bt * BT + _copy_row(c, wy * 32 + lane), nn(n) - 1),
                               kchunk(sused, step) * CHUNK + lane % 4 * 8]),
-                    16, T.Select(runs(sused, step, _copy_row(c, wy * 32 + lane)) != 0, T.uint32(16), T.uint32(0)))
+                    16, T.Select(token_runs(sused, BITS, G, step // LPG, _copy_row(c, wy * 32 + lane)) != 0,
+                                 T.uint32(16), T.uint32(0)))
         T.ptx["cp.async.commit_group"]()
 
     @T.macro

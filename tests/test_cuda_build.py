@@ -144,7 +144,7 @@ def test_bench_build_for_cuda(tmp_path):
     from wide_tvm.bench.workloads import Workload
 
     small = [Workload("mn", "gemm_mn", 4, 32, 64, swiglu=True), Workload("k", "gemm_k", 4, 32, 64)]
-    build(str(tmp_path), "cuda", small, sweep=True)
+    build(str(tmp_path), "cuda", small, sweep="all")
     _assert_device_code(tmp_path / "ours.so")
     _assert_device_code(tmp_path / "tvm_dense.so")
     spec = json.loads((tmp_path / "bench.json").read_text())

@@ -208,9 +208,22 @@ def test_sweep_knob_names_match_the_kernels():
     from wide_tvm.bench.workloads import LLAMA_8B, TILE_BUCKETS, TILE_VARIANTS, tile_name, variant_name, variants
     from wide_tvm.schedules import tile_gemm
 
-    for v in TILE_VARIANTS:
+    from wide_tvm.bench.workloads import WGMMA_VARIANTS, wgmma_fits
+    from wide_tvm.schedules.wgmma_gemm import check_wgmma_shape
+
+    for v in TILE_VARIANTS + WGMMA_VARIANTS:
         assert tile_name(v) == tile_gemm.tile_knob(v).name()
     assert TILE_BUCKETS == tile_gemm.TILE_BUCKETS
     down = next(w for w in LLAMA_8B if w.kind == "gemm_k")
-    assert variants(down, 64) == K_VARIANTS and variants(down, 65) == TILE_VARIANTS  # past the direct kernels
+    assert variants(down, 64) == K_VARIANTS  # the direct kernels; past them the tile kernels (wgmma on sm_90a)
+    assert variants(down, 65) == TILE_VARIANTS + WGMMA_VARIANTS and variants(down, 65, False) == TILE_VARIANTS
+    for w in LLAMA_8B:  # the GPU host's shape test agrees with the kernels' own
+        for v in WGMMA_VARIANTS:
+            mn = w.kind == "gemm_mn"
+            try:
+                check_wgmma_shape(w.group_size, w.k if mn else w.n, tile_gemm.tile_knob(v), w.swiglu if mn else None)
+                built = True
+            except ValueError:
+                built = False
+            assert wgmma_fits(w, v) == built, (w.name, v)
     assert variant_name(down, 512, TILE_VARIANTS[1]) == "t128r1s3p1" and tile_name(TILE_VARIANTS[0]) == "gemv64"

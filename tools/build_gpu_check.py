@@ -2,7 +2,7 @@
 
     python tools/build_gpu_check.py OUT_DIR
 
-writes OUT_DIR/example.so (+ .weights.npz, the bundled example compiled for cuda sm_90),
+writes OUT_DIR/example.so (+ .weights.npz, the bundled example compiled for cuda: sm_90, device code sm_90a),
 OUT_DIR/kernels.so (each kernel configuration below) and OUT_DIR/kernels.json (their specs).
 """
 
@@ -25,7 +25,8 @@ from wide_tvm.model import WideConfig, build_example, example_inputs  # noqa: E4
 from wide_tvm.tiny_checkpoint import LORA_ALPHA, write_tiny_checkpoint  # noqa: E402
 from wide_tvm.schedules import gemm_k, gemm_mn, mask_reorder  # noqa: E402
 from wide_tvm.schedules.gemv import DECODE_BUCKETS, GemvKnobs  # noqa: E402
-from wide_tvm.schedules.tile_gemm import DEFAULT_TILES, TileKnobs  # noqa: E402
+from wide_tvm.schedules.tile_gemm import DEFAULT_TILES, tile_knob  # noqa: E402
+from wide_tvm.targets import parse_target  # noqa: E402
 
 KERNELS = [
     # (kind, groups, group_size, other_dim, dtype, layout)
@@ -85,6 +86,22 @@ KERNELS = [
     ("gemm_k", 6, 32, 64, "float16", "tc", None, (64, 2, 2, 2)),
     ("gemm_mn_swiglu", 6, 32, 64, "float16", "tc", None, (128, 2, 4, 2)),
     ("gemm_mn", 4, 16, 96, "float16", "tc", None, (64, 1, 2, 1)),
+    # the Hopper wgmma tile GEMMs (sm_90a) at every swept knob set, Llama shapes and small odd ones
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4)),
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 64, 4, 5)),
+    ("gemm_mn_swiglu", 448, 32, 4096, "float16", "tc", None, ("wgmma", 128, 2, 6)),
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 128, 2, 4)),
+    ("gemm_k", 112, 128, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4)),
+    ("gemm_k", 112, 128, 4096, "float16", "tc", None, ("wgmma", 64, 4, 5)),
+    ("gemm_k", 8, 512, 4096, "float16", "tc", None, ("wgmma", 128, 2, 6)),
+    ("gemm_mn_swiglu", 6, 32, 64, "float16", "tc", None, ("wgmma", 64, 4, 5)),
+    ("gemm_mn_swiglu", 4, 64, 128, "float16", "tc", None, ("wgmma", 128, 2, 4)),
+    ("gemm_k", 3, 64, 256, "float16", "tc", None, ("wgmma", 128, 4, 4)),
+    ("gemm_k", 6, 128, 128, "float16", "tc", None, ("wgmma", 64, 2, 3)),
+    # ... and gemm_k split over blocks (fp32 partials, fixed-order sum), splits that do not divide the K steps
+    ("gemm_k", 112, 128, 4096, "float16", "tc", None, ("wgmma", 128, 2, 6, 4)),
+    ("gemm_k", 8, 512, 4096, "float16", "tc", None, ("wgmma", 64, 4, 5, 4)),
+    ("gemm_k", 3, 64, 256, "float16", "tc", None, ("wgmma", 64, 4, 5, 3)),
 ]
 
 
@@ -93,7 +110,7 @@ def kernel_func(kind, g, gs, dim, dtype, layout, knobs=None, tile=None):
         return mask_reorder(g, "cuda")
     extra = {"decode_knobs": (GemvKnobs(*knobs),) * len(DECODE_BUCKETS)} if knobs else {}
     if tile:
-        extra["tile_knobs"] = (TileKnobs(*tile),) * len(DEFAULT_TILES)
+        extra["tile_knobs"] = (tile_knob(tile),) * len(DEFAULT_TILES)
     if kind == "gemm_k":
         return gemm_k(g, gs, dim, dtype, layout, "cuda", **extra)
     return gemm_mn(g, gs, dim, dtype, layout, kind == "gemm_mn_swiglu", "cuda", **extra)
@@ -123,7 +140,7 @@ def main(out_dir: str) -> None:
     for name in os.listdir(ckpt_dir):  # the checkpoint itself is not needed on the GPU host
         os.remove(os.path.join(ckpt_dir, name))
     os.rmdir(ckpt_dir)
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024})
+    target = parse_target("cuda")
     funcs, specs = {}, []
     for i, spec in enumerate(KERNELS):
         name = f"k{i}_{spec[0]}"
@@ -131,7 +148,7 @@ def main(out_dir: str) -> None:
         specs.append({"name": name, "kind": spec[0], "groups": spec[1], "group_size": spec[2], "dim": spec[3],
                       "dtype": spec[4], "layout": spec[5],
                       "knobs": (GemvKnobs(*spec[6]).name() if len(spec) > 6 and spec[6] else "")
-                      + (TileKnobs(*spec[7]).name() if len(spec) > 7 else "")})
+                      + (tile_knob(spec[7]).name() if len(spec) > 7 else "")})
     with target:
         tvm.compile(tvm.IRModule(funcs), target).export_library(os.path.join(out_dir, "kernels.so"))
     with open(os.path.join(out_dir, "kernels.json"), "w") as f:

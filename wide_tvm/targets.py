@@ -1,8 +1,14 @@
-"""Parse the user's --target into a TVM Target, with one clear error for anything else."""
+"""Parse the user's --target into a TVM Target, with one clear error for anything else.
+
+Hopper targets stay `sm_90` for TVM (its dlight schedules read the arch as a number and would take `sm_90a` for
+no tensor cores at all), while their device code is compiled for `sm_90a`, the arch-specific variant every
+sm_90 GPU runs, whose wgmma instructions our many-token kernels use (`hopper_device_code`).
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 
 from .errors import WideError
@@ -11,16 +17,18 @@ _CUDA_LIMITS = {"max_threads_per_block": 1024, "max_shared_memory_per_block": 49
 
 
 def parse_target(spec: str):
-    """`llvm`, `cuda` (sm_90), `cuda:sm_80`, a TVM tag (`nvidia/nvidia-h100`) or a target JSON dict."""
+    """`llvm`, `cuda` (sm_90: Hopper, device code for sm_90a), `cuda:sm_80`, a TVM tag (`nvidia/nvidia-h100`)
+    or a target JSON dict."""
     import tvm
 
+    hopper_device_code()
     spec = spec.strip()
     try:
         if spec == "llvm":
             return tvm.target.Target({"kind": "llvm"})
         if spec == "cuda":
             return tvm.target.Target({"kind": "cuda", "arch": "sm_90", **_CUDA_LIMITS})
-        match = re.fullmatch(r"cuda:(sm_\d+a?)", spec)
+        match = re.fullmatch(r"cuda:(sm_\d+)a?", spec)  # sm_90a is sm_90 here: see the module docstring
         if match:
             return tvm.target.Target({"kind": "cuda", "arch": match.group(1), **_CUDA_LIMITS})
         if spec.startswith("{"):
@@ -36,6 +44,37 @@ def parse_target(spec: str):
 def target_folder(target) -> str:
     """Folder name under tuning_logs/ for a target: `llvm`, `cuda-sm90`, ..."""
     if target.kind.name == "cuda":
-        arch = str(target.attrs.get("arch", "sm_90")).replace("_", "")
+        arch = str(target.attrs.get("arch", "sm_90")).replace("_", "").rstrip("a")
         return f"cuda-{arch}"
     return target.kind.name
+
+
+def has_wgmma(target) -> bool:
+    """Whether `target`'s device code gets Hopper's wgmma instructions (sm_90, compiled for sm_90a)."""
+    return target.kind.name == "cuda" and str(target.attrs.get("arch", "")) in ("sm_90", "sm_90a")
+
+
+_registered = False
+
+
+def hopper_device_code() -> None:
+    """Compile device code of sm_90 targets for sm_90a (TVM compiles for the target's arch as written), through
+    TVM's own nvcc/nvrtc driver; other targets are compiled as TVM would."""
+    global _registered
+    if _registered:
+        return
+    import tvm_ffi
+    from tvm.support import nvcc
+    from tvm.target import Target
+
+    @tvm_ffi.register_global_func("tvm_callback_cuda_compile", override=True)
+    def _compile(code):
+        target = Target.current(allow_none=True)
+        if target is None or str(target.attrs.get("arch", "")) != "sm_90":
+            return nvcc.tvm_callback_cuda_compile(code)
+        if os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc").lower() == "nvcc":
+            return nvcc.compile_cuda(code, target_format="fatbin", compiler="nvcc",
+                                     arch=["-gencode", "arch=compute_90a,code=sm_90a"])
+        return nvcc.compile_cuda(code, target_format="cubin", compiler="nvrtc", arch="sm_90a")
+
+    _registered = True

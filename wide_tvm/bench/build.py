@@ -22,10 +22,12 @@ from ..compiler import REPO_TUNING_LOGS  # noqa: E402
 from ..kernel_knobs import kernel_key  # noqa: E402
 from ..passes import LowerGatedLayers, wide_pipeline  # noqa: E402
 from ..schedules import gemm_k, gemm_mn, mask_reorder  # noqa: E402
-from ..targets import parse_target, target_folder  # noqa: E402
+from ..targets import has_wgmma, parse_target, target_folder  # noqa: E402
 from ..schedules.gemv import DECODE_BUCKETS, GemvKnobs, decode_knobs, supports_k, supports_mn  # noqa: E402
 from ..schedules.tile_gemm import DEFAULT_TILES, tile_knob, tile_knobs  # noqa: E402
-from .workloads import LLAMA_8B, TILE_VARIANTS, Workload, variants  # noqa: E402
+from .workloads import LLAMA_8B, Workload, variants  # noqa: E402
+
+SWEEPS = ("all", "tiles")  # --sweep: every knob candidate, or the many-token (tile) kernels' alone
 
 
 def weight_layout_for(w: Workload, target_kind: str) -> str:
@@ -36,9 +38,9 @@ def weight_layout_for(w: Workload, target_kind: str) -> str:
     return "tc" if fits else "nk"
 
 
-def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None, tile=None):
+def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None, tile=None, wgmma: bool = False):
     """Our kernel for `w`: with `knobs` for every decode bucket, else the tuned entry, else defaults; with
-    `tile`, those many-token tile knobs instead of the tuned ones."""
+    `tile`, those many-token tile knobs instead of the tuned ones (tuned wgmma picks only where `wgmma`)."""
     kind = "gemm_k" if w.kind == "gemm_k" else ("gemm_mn_swiglu" if w.swiglu else "gemm_mn")
     entry = (tuned or {}).get(kernel_key(kind, w.groups, w.group_size, w.dim, w.dtype), {})
     extra = {}
@@ -47,27 +49,29 @@ def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None
     elif "decode" in entry:
         extra = {"decode_knobs": decode_knobs(entry["decode"])}
     if target_kind == "cuda":
-        extra["tile_knobs"] = (tile_knob(tile),) * len(DEFAULT_TILES) if tile else tile_knobs(entry.get("tiles"))
+        extra["tile_knobs"] = ((tile_knob(tile),) * len(DEFAULT_TILES) if tile
+                               else tile_knobs(entry.get("tiles"), wgmma))
     layout = weight_layout_for(w, target_kind)
     if w.kind == "gemm_mn":
         return gemm_mn(w.groups, w.group_size, w.k, w.dtype, layout, w.swiglu, target_kind, **extra)
     return gemm_k(w.groups, w.group_size, w.n, w.dtype, layout, target_kind, **extra)
 
 
-def our_kernels(workloads: list[Workload], target_kind: str, sweep: bool = False, tuned: dict | None = None) -> dict:
-    """Our kernels (tuned knobs where `tuned` has them), their mask reorders and, with `sweep`, one kernel
-    per knob candidate."""
+def our_kernels(workloads: list[Workload], target_kind: str, sweep: str | None = None, tuned: dict | None = None,
+                wgmma: bool = False) -> dict:
+    """Our kernels (tuned knobs where `tuned` has them), their mask reorders and, with `sweep` ("all" or
+    "tiles", see SWEEPS), one kernel per knob candidate (wgmma tile candidates where `wgmma`)."""
     funcs = {}
     for w in workloads:
-        funcs[w.kernel] = _kernel(w, target_kind, tuned=tuned).with_attr("global_symbol", w.kernel)
+        funcs[w.kernel] = _kernel(w, target_kind, tuned=tuned, wgmma=wgmma).with_attr("global_symbol", w.kernel)
         direct = w.direct_tokens if weight_layout_for(w, target_kind) == "tc" else 0  # as LowerGatedLayers does
         funcs[w.reorder] = mask_reorder(w.groups, target_kind, direct).with_attr("global_symbol", w.reorder)
         if sweep and target_kind == "cuda":
-            for v in variants(w):
+            for v in variants(w) if sweep == "all" else ():
                 knobs = GemvKnobs(*v)
                 name = f"{w.kernel}_{knobs.name()}"
-                funcs[name] = _kernel(w, target_kind, knobs).with_attr("global_symbol", name)
-            for v in TILE_VARIANTS:
+                funcs[name] = _kernel(w, target_kind, knobs, wgmma=wgmma).with_attr("global_symbol", name)
+            for v in variants(w, w.direct_tokens + 1, wgmma):
                 name = f"{w.kernel}_{tile_knob(v).name()}"
                 funcs[name] = _kernel(w, target_kind, tuned=tuned, tile=v).with_attr("global_symbol", name)
     return funcs
@@ -91,18 +95,22 @@ def dense_module(workloads: list[Workload]) -> tvm.IRModule:
     return bb.get()
 
 
-def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None = None, sweep: bool = False) -> str:
+def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None = None, sweep: str | None = None) -> str:
     workloads = workloads or LLAMA_8B
     tgt = parse_target(target)
+    if sweep not in (None, *SWEEPS):
+        raise ValueError(f"unknown sweep {sweep!r}; one of {', '.join(SWEEPS)}")
     os.makedirs(out_dir, exist_ok=True)
     with tgt:
         tuned = kernel_knobs.load(str(REPO_TUNING_LOGS / target_folder(tgt)))
-        tvm.compile(tvm.IRModule(our_kernels(workloads, tgt.kind.name, sweep, tuned)), tgt).export_library(
+        funcs = our_kernels(workloads, tgt.kind.name, sweep, tuned, has_wgmma(tgt))
+        tvm.compile(tvm.IRModule(funcs), tgt).export_library(
             os.path.join(out_dir, "ours.so"))
         dense = LowerGatedLayers(tgt.kind.name, enabled=False)  # the same pipeline wide-compile runs, no gating
         tvm.compile(dense_module(workloads), tgt, relax_pipeline=wide_pipeline(tgt, dense)).export_library(
             os.path.join(out_dir, "tvm_dense.so"))
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
         json.dump({"target": str(tgt), "workloads": [w.to_json() for w in workloads], "sweep": sweep,
+                   "wgmma": has_wgmma(tgt),
                    "layouts": {w.name: weight_layout_for(w, tgt.kind.name) for w in workloads}}, f, indent=1)
     return out_dir

@@ -2,6 +2,9 @@
 
 Every time is the median of CUDA-event-timed calls (warm-up excluded, the L2 flushed by a read before each
 call; `timer="do_bench"` uses triton's do_bench instead); weights rotate over enough copies to exceed the L2.
+The candidates of one comparison (cuBLAS, TVM dense, ours) are timed interleaved, call by call: under sustained
+tensor-core load the H200's clock falls within seconds (the same kernel measured 885 and 1040 us a few seconds
+apart), so timing them one after the other would credit whichever ran first with the cooler GPU.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ TIMERS = ("events", "do_bench")
 
 
 def _timer(kind: str = "events"):
-    """(time_us(fn), description). "events": median of CUDA-event-timed calls, each after an L2 flush that
+    """(time_us(*fns), description): the median microseconds of fn, or a list of them for several fns (timed
+    interleaved with the events timer). "events": median of CUDA-event-timed calls, each after an L2 flush that
     *reads* a buffer four times the L2 size, so the L2 holds only clean lines when the timed call starts.
     "do_bench": triton.testing.do_bench, whose flush *writes* its buffer: the timed call then pays for
     writing those dirty lines back to DRAM (8-14 us more per call on the H200, docs/performance.md), which no
@@ -30,12 +34,21 @@ def _timer(kind: str = "events"):
     if kind == "do_bench":
         from triton.testing import do_bench
 
-        return lambda fn: float(do_bench(fn, warmup=10, rep=40, return_mode="median")) * 1e3, "triton.do_bench median"
+        def bench(*fns):
+            t = [float(do_bench(fn, warmup=10, rep=40, return_mode="median")) * 1e3 for fn in fns]
+            return t[0] if len(fns) == 1 else t
+
+        return bench, "triton.do_bench median"
     if kind != "events":
         raise ValueError(f"unknown timer {kind!r}; one of {', '.join(TIMERS)}")
     flush = l2_flush_buffer()
-    # flush.sum() reads 4x the L2: weights and inputs leave it, and no dirty lines enter
-    return (lambda fn: event_median_us(fn, flush.sum)), "CUDA events median (L2 flushed by a read)"
+
+    def events(*fns):
+        # flush.sum() reads 4x the L2: weights and inputs leave it, and no dirty lines enter
+        t = event_medians_us(list(fns), flush.sum)
+        return t[0] if len(fns) == 1 else t
+
+    return events, "CUDA events median, candidates interleaved (L2 flushed by a read)"
 
 
 def l2_flush_buffer():
@@ -46,21 +59,29 @@ def l2_flush_buffer():
 
 
 def event_median_us(fn, before, reps: int = 50) -> float:
-    """Median microseconds of `reps` CUDA-event-timed calls of fn, each after before() (3 warm-up calls);
-    all calls are queued before one synchronisation."""
+    """Median microseconds of `reps` CUDA-event-timed calls of fn, each after before() (3 warm-up calls)."""
+    return event_medians_us([fn], before, reps)[0]
+
+
+def event_medians_us(fns: list, before, reps: int = 50) -> list[float]:
+    """Median microseconds of `reps` CUDA-event-timed calls of each of fns, interleaved (call r of every fn
+    before call r + 1 of any), each after before() (3 warm-up calls each); all calls are queued before one
+    synchronisation."""
     import torch
 
-    for _ in range(3):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for s, e in zip(starts, ends):
-        before()
-        s.record()
-        fn()
-        e.record()
+    for fn in fns:
+        for _ in range(3):
+            fn()
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+              for _ in fns]
+    for r in range(reps):
+        for fn, ev in zip(fns, events):
+            before()
+            ev[r][0].record()
+            fn()
+            ev[r][1].record()
     torch.cuda.synchronize()
-    return float(np.median([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]))
+    return [float(np.median([s.elapsed_time(e) * 1e3 for s, e in ev])) for ev in events]
 
 
 def _rotating(make, copies: int):
@@ -166,8 +187,6 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
         for m in tokens:
             x = torch.randn(m, w.k, device="cuda").half()
             xt = tv(x)
-            t_cublas = timer(lambda: torch.matmul(x, weights()[0].t()))
-            t_tvm = timer(lambda: dense_vm[w.dense](xt, weights()[2]))
             for sp in sparsities:
                 for mk in masks:
                     mask_np = make_mask(mk, m, w.groups, rng, sp)
@@ -178,9 +197,10 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
                     def call(wts, w=w, r_args=r_args, xt=xt, out=out):
                         _launch(kernel, w, xt, wts, r_args, tv(out))
 
-                    t_reorder = timer(lambda: reorder(*r_args))
-                    t_kernel = timer(lambda: call(weights()))
-                    t_ours = timer(lambda: (reorder(*r_args), call(weights())))  # both, as a model runs them
+                    t_cublas, t_tvm, t_reorder, t_kernel, t_ours = timer(
+                        lambda: torch.matmul(x, weights()[0].t()), lambda: dense_vm[w.dense](xt, weights()[2]),
+                        lambda: reorder(*r_args), lambda: call(weights()),
+                        lambda: (reorder(*r_args), call(weights())))  # the last: both, as a model runs them
                     reorder(*r_args)
                     err = _check(w, x, weights(), mask, out, call)
                     limit = _limit_us(w, m, mask_np, limits)
@@ -250,20 +270,19 @@ def sweep(build_dir: str, tokens=SWEEP_TOKENS + PREFILL_SWEEP_TOKENS, sparsity: 
         w = Workload(**wj)
         weights = _rotating_weights(w, l2, tv, spec.get("layouts", {}).get(w.name, "nk"))
         for m in tokens:
+            if spec.get("sweep") == "tiles" and m <= w.direct_tokens:  # a build of the tile candidates alone
+                continue
             mask = torch.from_numpy(make_mask("random", m, w.groups, rng, sparsity)).cuda()
             r_args = _reorder_args(w, mask, tv)
             ours[w.reorder](*r_args)
             xt_torch = torch.randn(m, w.k, device="cuda").half()
             out_torch = torch.empty(m, w.n, dtype=torch.float16, device="cuda")
             xt, out = tv(xt_torch), tv(out_torch)
-            for v in variants(w, m):
-                name = variant_name(w, m, v)  # schedules is not importable here
-                fn = ours[f"{w.kernel}_{name}"]
-
-                def call(fn=fn, r_args=r_args, xt=xt, out=out):
-                    _launch(fn, w, xt, weights(), r_args, out)
-
-                t = timer(call)
+            cands = variants(w, m, spec.get("wgmma", False))
+            fns = [ours[f"{w.kernel}_{variant_name(w, m, v)}"] for v in cands]  # schedules is not importable here
+            times = timer(*[lambda fn=fn: _launch(fn, w, xt, weights(), r_args, out) for fn in fns])
+            for v, fn, t in zip(cands, fns, times if len(fns) > 1 else [times]):
+                name = variant_name(w, m, v)
                 err = _check(w, xt_torch, weights(), mask, out_torch, lambda wts, fn=fn: _launch(fn, w, xt, wts, r_args, out))
                 if not err < 2e-3:
                     raise RuntimeError(f"{w.name} {name} at {m} tokens: relative error {err:.1e}")

@@ -89,21 +89,35 @@ K_VARIANTS = ((16, 2), (16, 4), (32, 1), (32, 2), (8, 2, 2), (16, 2, 2), (16, 1,
 # weight chunks prefetched). The sweep picks one per bucket (TILE_BUCKETS) from its PREFILL_SWEEP_TOKENS timings.
 TILE_VARIANTS = (("gemv",), (128, 1, 3, 1), (64, 1, 3, 1), (128, 2, 3, 1), (64, 2, 3, 1), (128, 1, 4, 2),
                  (128, 2, 4, 2), (64, 2, 4, 2), (128, 1, 2, 1))
+# The Hopper wgmma tile GEMMs ("wgmma", tokens per block, wgmma N / 64, ring stages[, blocks splitting K]), sm_90a;
+# gemm_k needs groups of whole 64-wide K steps, and only gemm_k splits K (schedules.wgmma_gemm)
+WGMMA_VARIANTS = (("wgmma", 128, 4, 4), ("wgmma", 128, 2, 4), ("wgmma", 128, 2, 6), ("wgmma", 64, 4, 5),
+                  ("wgmma", 128, 4, 4, 2), ("wgmma", 128, 2, 6, 4), ("wgmma", 64, 4, 5, 4))
 TILE_BUCKETS = (128, 512)  # = schedules.tile_gemm.TILE_BUCKETS
 TILE_SWEEP_BUCKETS = tuple(f"tiles{b}" for b in TILE_BUCKETS) + ("tiles",)  # their names in a sweep's picks
 PREFILL_SWEEP_TOKENS = (65, 128, 256, 512, 1024, 4096)
 
 
-def variants(w: Workload, tokens: int = 1) -> tuple:
+def variants(w: Workload, tokens: int = 1, wgmma: bool = True) -> tuple:
     """Knob candidates of the kernel that runs `tokens` tokens: a direct kernel's, or past the direct bound the
-    tile kernel's."""
+    tile kernels' (with the wgmma GEMMs where `wgmma` and the shape allows them)."""
     if tokens > w.direct_tokens:
-        return TILE_VARIANTS
+        return TILE_VARIANTS + (tuple(v for v in WGMMA_VARIANTS if wgmma_fits(w, v)) if wgmma else ())
     return MN_VARIANTS if w.kind == "gemm_mn" else K_VARIANTS
+
+
+def wgmma_fits(w: Workload, v: tuple) -> bool:
+    """Whether schedules.wgmma_gemm builds `w` with wgmma tile knobs v (its check_wgmma_shape, without importing
+    the kernels): 64-wide K steps, and for gemm_k whole steps per group and N in wgmma N tiles."""
+    if w.kind == "gemm_mn":
+        return w.k % 64 == 0 and w.group_size % 16 == 0 and len(v) < 5
+    return w.group_size % 64 == 0 and w.n % (64 * v[2]) == 0
 
 
 def tile_name(v: tuple) -> str:
     """schedules.tile_gemm.tile_knob(v).name(), without importing the kernels."""
+    if v[0] == "wgmma":
+        return f"wg{v[1]}n{64 * v[2]}s{v[3]}" + (f"k{v[4]}" if len(v) > 4 and v[4] > 1 else "")
     return "gemv64" if v == ("gemv",) else "t{}r{}s{}p{}".format(*v)
 
 

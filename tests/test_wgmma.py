@@ -1,0 +1,107 @@
+"""The Hopper wgmma tile GEMMs (schedules/wgmma_gemm.py): knobs, shapes they refuse, targets that get them, and
+device code for every knob (nvcc, sm_90a). Their numerics are checked on the H200 by tools/gpu_check.py."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from wide_tvm.cuda_aot import prepare_cuda_aot
+
+prepare_cuda_aot()
+
+import tvm  # noqa: E402
+
+from wide_tvm.errors import WideError  # noqa: E402
+from wide_tvm.schedules import gemm_k, gemm_mn  # noqa: E402
+from wide_tvm.schedules.tile_gemm import DEFAULT_TILES, GEMV_TILES, TileKnobs, tile_knob, tile_knobs  # noqa: E402
+from wide_tvm.schedules.wgmma_gemm import WGMMA_TILES, check_wgmma_shape, ring_bytes, wgmma_n  # noqa: E402
+from wide_tvm.targets import has_wgmma, parse_target, target_folder  # noqa: E402
+
+
+def test_wgmma_knobs_parse_name_and_validate():
+    assert tile_knob(["wgmma", 128, 4, 4]) == WGMMA_TILES and WGMMA_TILES.name() == "wg128n256s4"
+    assert tile_knob(["wgmma", 64, 2, 5]).name() == "wg64n128s5"
+    assert tile_knob(["wgmma", 128, 2, 6, 4]) == TileKnobs(128, 2, 6, 1, "wgmma", 4)
+    assert tile_knob(["wgmma", 128, 2, 6, 4]).name() == "wg128n128s6k4"
+    for bad, why in ((["wgmma", 192, 4, 3], "tokens must be one of"), (["wgmma", 128, 5, 4], "rows 1..4"),
+                     (["wgmma", 128, 4, 2], "stages >= 3"), (["wgmma", 128, 4], "expected \\['wgmma'"),
+                     (["wgmma", 128, 4, 4, 0], "ksplit >= 1"), ([128, 1, 3, 1, "smem", 2], "only the wgmma gemm_k")):
+        with pytest.raises(ValueError, match=why):
+            tile_knob(bad)
+    # a target without wgmma (not sm_90a) keeps the other picks and gets the mma.sync tile GEMM for wgmma ones
+    log = [["gemv"], [64, 1, 3, 1], ["wgmma", 128, 4, 4]]
+    assert tile_knobs(log)[2] == WGMMA_TILES
+    assert tile_knobs(log, wgmma=False) == (GEMV_TILES, TileKnobs(64, 1, 3, 1), TileKnobs())
+
+
+def test_wgmma_tiles_and_shared_memory():
+    assert wgmma_n(128, True, WGMMA_TILES) == (256, 128)  # gate and up of one 128-channel group side by side
+    assert wgmma_n(32, True, WGMMA_TILES) == (64, 32)  # a 32-channel group: N 64
+    assert wgmma_n(512, False, WGMMA_TILES) == (256, 256)  # Q: two blocks per 512-channel group
+    assert ring_bytes(WGMMA_TILES, 256) == 4 * (128 + 256) * 128 + 1024  # 4 stages of 48 KB, under the 227 KB
+    with pytest.raises(ValueError, match="group size that is a multiple of 64"):
+        check_wgmma_shape(32, 4096, WGMMA_TILES)  # gemm_k: group slices must be whole 64-wide K steps
+    with pytest.raises(ValueError, match="K a multiple of 64"):
+        gemm_mn(4, 16, 96, "float16", "tc", True, "cuda", tile_knobs=(WGMMA_TILES,) * 3)
+    with pytest.raises(ValueError, match="not the wgmma GEMM's"):
+        check_wgmma_shape(128, 4096, TileKnobs(), True)
+    with pytest.raises(ValueError, match="only the wgmma gemm_k splits K"):
+        check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 2), True)
+
+
+def test_hopper_targets_get_wgmma():
+    """Hopper stays sm_90 for TVM's own schedules (dlight reads "sm_90a" as no tensor cores) and gets sm_90a
+    device code; other archs keep the mma.sync kernels."""
+    cuda = parse_target("cuda")
+    assert str(cuda.attrs["arch"]) == "sm_90" and has_wgmma(cuda)
+    assert str(parse_target("cuda:sm_90a").attrs["arch"]) == "sm_90"
+    assert not has_wgmma(parse_target("cuda:sm_80")) and not has_wgmma(parse_target("llvm"))
+    assert target_folder(cuda) == "cuda-sm90"
+    from tvm.s_tir.dlight.gpu.matmul import check_sm_version
+
+    assert check_sm_version(str(cuda.attrs["arch"])) == 90  # TVM dense keeps its tensor-core schedules
+
+
+def test_tuned_wgmma_picks_follow_the_target():
+    from wide_tvm import kernel_knobs
+    from wide_tvm.passes.lower_gated import _State, _tuned
+
+    key = kernel_knobs.kernel_key("gemm_mn_swiglu", 112, 128, 4096, "float16")
+    log = {key: {"tiles": [["gemv"], ["wgmma", 128, 2, 4], ["wgmma", 128, 4, 4]]}}
+    hopper = _tuned(_State("cuda", {}, None, log, wgmma=True), "gemm_mn_swiglu", 112, 128, 4096, "float16")
+    assert hopper["tile_knobs"] == (GEMV_TILES, TileKnobs(128, 2, 4, 1, "wgmma"), WGMMA_TILES)
+    plain = _tuned(_State("cuda", {}, None, log), "gemm_mn_swiglu", 112, 128, 4096, "float16")
+    assert plain["tile_knobs"] == (GEMV_TILES, TileKnobs(), TileKnobs())
+    with pytest.raises(WideError, match="unusable knobs"):
+        _tuned(_State("cuda", {}, None, {key: {"tiles": [["wgmma", 96, 4, 4]] * 3}}, wgmma=True),
+               "gemm_mn_swiglu", 112, 128, 4096, "float16")
+    assert DEFAULT_TILES[2].kernel == "smem"  # without a log no target needs sm_90a
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_wgmma_kernels_build_for_every_knob(tmp_path):
+    """gate/up (groups of 32 and 64), Q-like (several blocks per group) and gemm_k (also split over blocks) at
+    every swept wgmma knob set compile to sm_90a device code: asynchronous wgmmas with descriptors, a
+    zero-filling cp.async ring in dynamic shared memory."""
+    from wide_tvm.bench.workloads import WGMMA_VARIANTS
+
+    funcs = {}
+    for i, v in enumerate(WGMMA_VARIANTS):
+        kn = (tile_knob(v),) * 3
+        if len(v) < 5:  # gemm_mn does not split K
+            funcs[f"mn{i}"] = gemm_mn(4, 64, 128, "float16", "tc", True, "cuda", tile_knobs=kn)
+            funcs[f"q{i}"] = gemm_mn(2, 512, 64, "float16", "tc", False, "cuda", tile_knobs=kn)
+        funcs[f"k{i}"] = gemm_k(3, 64, 256, "float16", "tc", "cuda", tile_knobs=kn)
+    funcs["mn32"] = gemm_mn(6, 32, 64, "float16", "tc", True, "cuda", tile_knobs=(WGMMA_TILES,) * 3)
+    target = parse_target("cuda")
+    with target:
+        lib = tvm.compile(tvm.IRModule({k: f.with_attr("global_symbol", k) for k, f in funcs.items()}), target)
+    src = lib.mod.imports[0].inspect_source()
+    for n in (64, 128, 256):
+        assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16" in src
+    assert "wgmma.wait_group.sync.aligned 1;" in src and "fence.proxy.async.shared::cta;" in src
+    assert "cp.async.cg.shared.global [%0], [%1], 16, %2;" in src and "extern __shared__" in src
+    lib.export_library(str(tmp_path / "wg.so"))
+    assert b"sm_90a" in open(tmp_path / "wg.so", "rb").read()  # built for Hopper's arch-specific features

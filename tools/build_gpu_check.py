@@ -19,6 +19,8 @@ prepare_cuda_aot()
 import tvm  # noqa: E402
 
 from wide_tvm import compile as wide_compile  # noqa: E402
+from wide_tvm import kernel_knobs  # noqa: E402
+from wide_tvm.kernel_knobs import kernel_key  # noqa: E402
 from wide_tvm.frontends.export import export_model  # noqa: E402
 from wide_tvm.frontends.hf_checkpoint import load_wide_checkpoint  # noqa: E402
 from wide_tvm.model import WideConfig, build_example, example_inputs  # noqa: E402
@@ -116,6 +118,18 @@ def kernel_func(kind, g, gs, dim, dtype, layout, knobs=None, tile=None):
     return gemm_mn(g, gs, dim, dtype, layout, kind == "gemm_mn_swiglu", "cuda", **extra)
 
 
+def build_wgmma_example(out_dir: str, cfg: WideConfig, fp16_path: str) -> None:
+    """OUT_DIR/example_fp16_wgmma.so: the fp16 example with a tuning log that gives its gate/up kernel the wgmma
+    tile GEMM in every many-token bucket (past 32 tokens), so a whole model runs it."""
+    key = kernel_key("gemm_mn_swiglu", cfg.intermediate_size // cfg.ffn_group_size, cfg.ffn_group_size,
+                     cfg.hidden_size, "float16")
+    log = os.path.join(out_dir, "wgmma_log")
+    kernel_knobs.save(log, {key: {"tiles": [["wgmma", 64, 4, 5], ["wgmma", 128, 2, 4], ["wgmma", 128, 4, 4]]}},
+                      "cuda", "tools/build_gpu_check.py")
+    compiled = wide_compile(fp16_path, "cuda", tuning_log=log)
+    compiled.export(os.path.join(out_dir, "example_fp16_wgmma.so"))
+
+
 def main(out_dir: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     model_path = os.path.join(out_dir, "example.pt2")
@@ -126,6 +140,7 @@ def main(out_dir: str) -> None:
     fp16_path = os.path.join(out_dir, "example_fp16.onnx")  # fp16: tensor-core kernels inside a whole model
     export_model(build_example(cfg).half(), example_inputs(cfg), fp16_path)
     wide_compile(fp16_path, "cuda").export(os.path.join(out_dir, "example_fp16.so"))
+    build_wgmma_example(out_dir, cfg, fp16_path)
     ckpt_dir = write_tiny_checkpoint(os.path.join(out_dir, "hf_llama"), "llama")
     ckpt = load_wide_checkpoint(ckpt_dir, os.path.join(ckpt_dir, "router.pth"), os.path.join(ckpt_dir, "lora.pth"),
                                 lora_alpha=LORA_ALPHA)

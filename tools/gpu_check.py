@@ -37,9 +37,9 @@ def check_example(build_dir: str, rows: list, name: str = "example") -> None:
         with open(os.path.join(build_dir, "kernels.json")) as f:
             cfg = WideConfig(**json.load(f)["config"])
         ref_model = build_example(cfg).cuda()
-        if name == "example_fp16":  # PyTorch in fp16 on the GPU as the reference
+        if name.startswith("example_fp16"):  # PyTorch in fp16 on the GPU as the reference
             ref_model = ref_model.half()
-    dtype = "fp16" if name == "example_fp16" else "fp32"
+    dtype = "fp16" if name.startswith("example_fp16") else "fp32"
     for t in TOKENS:
         x = example_inputs(cfg, t)
         with torch.no_grad():
@@ -147,6 +147,7 @@ def main() -> None:
     check_example(args.build_dir, rows, "example_dense")
     check_example(args.build_dir, rows, "hf_llama")
     check_example(args.build_dir, rows, "example_fp16")
+    check_example(args.build_dir, rows, "example_fp16_wgmma")  # its gate/up on the wgmma GEMM past 32 tokens
     check_kernels(args.build_dir, rows)
     worst: dict = {}
     for r in rows:

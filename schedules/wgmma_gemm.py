@@ -25,8 +25,11 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
+from ..targets import hopper_device_code
 from .gemv import ROWS, _sum_k_splits, _used_groups, bit_words, token_runs
 from .tile_gemm import TileKnobs, check_tile_knobs
+
+hopper_device_code()  # these kernels need sm_90a device code, whichever way an sm_90 target reaches the compiler
 
 KSTEP = 64  # K per ring stage: one 128-byte swizzle span of fp16
 SWIZZLE_128B = 3  # the descriptor's swizzle code for 128 bytes

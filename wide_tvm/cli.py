@@ -145,7 +145,8 @@ def bench_main(argv=None) -> int:
     r.add_argument("--sparsity", type=float, nargs="+")
     r.add_argument("--masks", nargs="+")
     r.add_argument("--only", nargs="+", help="workload names")
-    r.add_argument("--sweep", action="store_true", help="time the decode knob candidates instead")
+    r.add_argument("--sweep", action="store_true",
+                   help="time the knob candidates of a `build --sweep` directory instead (interleaved), pick per bucket")
     r.add_argument("--timer", choices=TIMERS, default="events",
                    help="events: CUDA events after an L2 flush by a read (default); do_bench: triton's do_bench, "
                         "whose L2 flush leaves dirty lines that the timed call writes back")

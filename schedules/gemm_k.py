@@ -53,8 +53,8 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
         run_tc = tensor_core_kernels(
             "gemm_k", decode_knobs, lambda mt, knobs: gemv_k_body(G, gs, N, mt, knobs),
             many_token_kernels(tile_knobs, lambda: gemv_k_body(G, gs, N, TILE_TOKENS, PREFILL_KNOBS, True),
-                               lambda k: wgmma_k_body(G, gs, N, k) if k.kernel == "wgmma"
-                               else tile_k_body(G, gs, N, k))) if small else None
+                               lambda k: tile_k_body(G, gs, N, k), lambda k: wgmma_k_body(G, gs, N, k))) \
+            if small else None
 
         @T.macro
         def tiled(a, w, mask, used, out, n):

@@ -56,8 +56,8 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
         run_tc = tensor_core_kernels(
             "gemm_mn", decode_knobs, lambda mt, knobs: gemv_mn_body(G, gs, K, swiglu, mt, knobs),
             many_token_kernels(tile_knobs, lambda: gemv_mn_body(G, gs, K, swiglu, TILE_TOKENS, PREFILL_KNOBS, True),
-                               lambda k: wgmma_mn_body(G, gs, K, swiglu, k) if k.kernel == "wgmma"
-                               else tile_mn_body(G, gs, K, swiglu, k))) if small else None
+                               lambda k: tile_mn_body(G, gs, K, swiglu, k),
+                               lambda k: wgmma_mn_body(G, gs, K, swiglu, k))) if small else None
 
         @T.macro
         def tiled(x, wg, wu, mask, counts, order, used, out, n):

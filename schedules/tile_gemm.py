@@ -84,16 +84,18 @@ def tile_knobs(entry, wgmma: bool = True) -> tuple:
     return knobs if wgmma else tuple(TileKnobs() if k.kernel == "wgmma" else k for k in knobs)
 
 
-def many_token_kernels(knobs: tuple, gemv_tiles, make_tiles) -> list:
+def many_token_kernels(knobs: tuple, gemv_tiles, make_tiles, make_wgmma) -> list:
     """[(bound, body), ..., (None, body)] for the token buckets past the direct kernels: gemv_tiles() builds the
-    sorted 64-token gemv body, make_tiles(TileKnobs) a tile GEMM body; equal knobs share one body."""
+    sorted 64-token gemv body, make_tiles(TileKnobs) the mma.sync tile GEMM body, make_wgmma(TileKnobs) the
+    wgmma one (schedules/wgmma_gemm.py); equal knobs share one body."""
+    make = {"gemv": lambda _: gemv_tiles(), "smem": make_tiles, "wgmma": make_wgmma}
     if len(knobs) != len(TILE_BUCKETS) + 1:
         raise ValueError(f"tile knobs for {len(knobs)} token buckets; there are {len(TILE_BUCKETS) + 1} "
                          f"(<= {', <= '.join(map(str, TILE_BUCKETS))} tokens, more)")
     bodies = {}
     for k in knobs:
         if k not in bodies:
-            bodies[k] = gemv_tiles() if k.kernel == "gemv" else make_tiles(k)
+            bodies[k] = make[k.kernel](k)
     return [(bound, bodies[k]) for bound, k in zip(TILE_BUCKETS + (None,), knobs)]
 
 

@@ -83,6 +83,12 @@ def _ring_ptr(xs, base, offset, c, threads, tid):
     return xs.ptr_to([(base[0] + offset + _swz((c * threads + tid) // 8, tid % 8)) // 2])
 
 
+def ring_layout(knobs: TileKnobs, nb: int) -> tuple[int, int, int]:
+    """(threads, activation tile bytes, stage bytes) of a block with wgmma N `nb`: a warpgroup per 64 tokens; a
+    ring stage holds the tokens x 64 K activation tile, then the nb x 64 K weight tile."""
+    return 128 * (knobs.tokens // 64), knobs.tokens * KSTEP * 2, (knobs.tokens + nb) * KSTEP * 2
+
+
 def _tc_vector(row, chunk, unit):
     """Offset in a "tc" row tile of the 16-byte vector holding K 32 chunk + 8 (unit % 4) .. + 8 of weight row
     `row`: (chunk, half h, lane 4 g + unit % 4), row = 16 tile + 8 h + g."""
@@ -95,9 +101,8 @@ def wgmma_mainloop(knobs: TileKnobs, nb: int, issue):
     step % S, or an empty group past the last). xs: the dynamic shared ring; base: a local int32 [1] for its
     1024-aligned start; desc: a local uint64 [2] for the descriptors of this warpgroup's activation rows and of
     the weights in slot 0."""
-    S, BT = knobs.stages, knobs.tokens
-    a_bytes = BT * KSTEP * 2
-    stage = (BT + nb) * KSTEP * 2
+    S = knobs.stages
+    _, a_bytes, stage = ring_layout(knobs, nb)
 
     @T.macro
     def run(xs, base, desc, acc, nsteps, tid, *args):
@@ -140,7 +145,7 @@ def _acc_col(j, tid, e):
 
 def ring_bytes(knobs: TileKnobs, nb: int) -> int:
     """Dynamic shared memory of one block: the ring plus the alignment slack."""
-    return knobs.stages * (knobs.tokens + nb) * KSTEP * 2 + ALIGN
+    return knobs.stages * ring_layout(knobs, nb)[2] + ALIGN
 
 
 def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs: TileKnobs = WGMMA_TILES):
@@ -149,11 +154,9 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     G, gs, K = groups, group_size, k_dim
     check_wgmma_shape(gs, K, knobs, swiglu)
     BT, S = knobs.tokens, knobs.stages
-    THREADS = 128 * (BT // 64)  # a warpgroup per 64 tokens
     NB, BN = wgmma_n(gs, swiglu, knobs)
+    THREADS, A_BYTES, STAGE = ring_layout(knobs, NB)
     BPG = gs // BN  # blocks per group
-    A_BYTES = BT * KSTEP * 2
-    STAGE = (BT + NB) * KSTEP * 2
     CA = BT * 8 // THREADS  # 16-byte activation copies per thread and step
     CB = NB * 8 // THREADS
     ZU = BN // 8  # 16-byte output units per token row of the block
@@ -237,12 +240,10 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
     G, gs, N = groups, group_size, n_dim
     check_wgmma_shape(gs, N, knobs)
     BT, S = knobs.tokens, knobs.stages
-    THREADS = 128 * (BT // 64)
-    WARPS = THREADS // 32
     NB = 64 * knobs.rows
+    THREADS, A_BYTES, STAGE = ring_layout(knobs, NB)
+    WARPS = THREADS // 32
     SPG = gs // KSTEP  # K steps per group slice
-    A_BYTES = BT * KSTEP * 2
-    STAGE = (BT + NB) * KSTEP * 2
     CA = BT * 8 // THREADS
     CB = NB * 8 // THREADS
     BITS = G + 1 + WARPS  # where the token bit sets start in the shared list buffer

@@ -29,7 +29,8 @@ res = []
 for w in LLAMA_8B[:2]:
     weights = _rotating_weights(w, l2, tv, "tc")
     m = 4096
-    x = torch.randn(m, w.k, device="cuda").half(); xt = tv(x)
+    x = torch.randn(m, w.k, device="cuda").half()
+    xt = tv(x)
     mask = torch.from_numpy(make_mask("random", m, w.groups, rng, 0.5)).cuda()
     r = _reorder_args(w, mask, tv)
     out = tv(torch.empty(m, w.n, dtype=torch.float16, device="cuda"))

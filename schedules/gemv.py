@@ -13,13 +13,12 @@ cores; fp16 in, fp32 accumulate.
 
 * `gemv_mn` (gate/up with SwiGLU, or a plain projection such as Q): a block owns 16 output channels of
   one group; a group no token runs writes zeros and reads nothing (block-level skipping), a token that
-  skips the group is zeroed in the B operand (intra-block skipping). Token tiles take groups in the
-  reorder's `used` order (groups some token runs first, so blocks with work are dispatched first) and
-  gather only a group's active tokens (the first `count` of the reorder's order).
+  skips the group is zeroed in the B operand (intra-block skipping). Token tiles gather only a group's
+  active tokens (the first `count` of the reorder's order).
 * `gemv_k` (down / O projection): a block owns 16 (x `rows`) output rows and streams only the K-slices of
-  the groups some token runs: decode builds that list (and each listed group's token bit set) in shared
-  memory from the mask, token tiles copy the reorder's `used` list; a token that skips a group
-  contributes zeros.
+  the groups some token runs: the block builds that list (and each listed group's token bit set) in
+  shared memory from the mask rows of its tokens (decode: all of them; token tiles: the tile's); a token
+  that skips a group contributes zeros.
 
 Weights are stored in the "tc" layout (wide_tvm/weight_layout.py): each lane's 16-byte fragment vector
 sits where a warp load of 512 contiguous bytes fetches it, and a 16-row tile streams as one block.
@@ -428,7 +427,7 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
             for t in T.unroll(MT):  # unconditional clamped loads (a short-circuit && would serialise them)
                 gid[2] = gid[2] | T.Select(mask[T.min(t, nn(n) - 1), bx * RB // TPG] != 0, 1, 0)
         else:
-            gid[0] = used[bx // TPG]  # groups some token runs first: the blocks with work start first
+            gid[0] = bx // TPG
             gid[2] = T.Select(cnt(counts, gid[0], n) > 0, 1, 0)
         gid[1] = gid[0] * TPG + bx * RB % TPG + wy % RB
 
@@ -559,8 +558,8 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
 def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs: GemvKnobs = GemvKnobs(),
                 token_tiles: bool = False):
     """Macro (a, w, mask, used, out, n), fp16, W [N, K = G * gs] in the "tc" layout [N / 16, 16 K]: for
-    n <= max_tokens (8 to 64), or, with `token_tiles`, any n in grid rows of `max_tokens` tokens. Decode
-    builds the used-group list itself from the mask (no reorder launch); token tiles read the reorder's."""
+    n <= max_tokens (8 to 64), or, with `token_tiles`, any n in grid rows of `max_tokens` tokens. Each block
+    builds the list of groups its tokens run from the mask (decode needs no reorder launch)."""
     G, gs, N = groups, group_size, n_dim
     W, U, RT = knobs.warps, knobs.unroll, knobs.rows
     MT = max_tokens
@@ -667,12 +666,8 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                 ring = T.decl_buffer((max(1, W * S * U * VEC * 256),), "float16", scope="shared")
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
-                        if token_tiles:
-                            for i in range((G + 1 + 32 * W - 1) // (32 * W)):
-                                if i * 32 * W + wy * 32 + lane < G + 1:
-                                    sused[i * 32 * W + wy * 32 + lane] = used[i * 32 * W + wy * 32 + lane]
-                        else:
-                            _used_groups(mask, sused, n, wy, lane, G, W, MT, BITS, 0)
+                        # the groups this block's tokens run (token tiles: tile byk's; decode: all n <= MT)
+                        _used_groups(mask, sused, n, wy, lane, G, W, MT, BITS, byk // KB * MT)
                 T.tvm_storage_sync("shared")
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):

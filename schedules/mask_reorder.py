@@ -2,15 +2,17 @@
 
 `order[g, :counts[g]]` are the active tokens of group g in ascending order, `order[g, counts[g]:]` the
 inactive ones. `used[:G]` is a permutation of the groups: the groups at least one token executes first,
-ascending, then the others, ascending; `used[G]` is the number of used groups. gemm_k streams only the
-weights of `used[:used[G]]`; gemm_mn hands its blocks out in `used` order, so the blocks with work are
-dispatched first. The block-sparse kernels walk `order` in tiles: a tile entirely past `counts[g]`
-holds no active token and is skipped. Computed on device; no host sort.
+ascending, then the others, ascending; `used[G]` is the number of used groups. The CPU gemm_k streams
+only the weights of `used[:used[G]]`. The block-sparse kernels walk `order` in tiles: a tile entirely
+past `counts[g]` holds no active token and is skipped. Computed on device; no host sort.
 
 CUDA: up to SERIAL_TOKENS tokens, one block whose thread g reads its group's mask column as a bit set
-and places every token from popcounts (independent loads, no serial chain; one launch); more tokens,
-one block per group partitions 256 tokens at a time with a block scan, then one block builds the
-used-group list (the host picks per call). Both are stable and deterministic.
+and places every token from popcounts (independent loads, no serial chain; one launch), then builds
+the used-group list; more tokens, one launch with a block per group: 16 independent loads a thread,
+a warp ballot per 32 consecutive tokens, one block scan of the warp counts per 4096 tokens, and
+coalesced writes of the warp's slots. The many-token CUDA kernels take the groups in natural order,
+so this path leaves `used` unwritten (the host picks the path per call). Both are stable and
+deterministic.
 """
 
 from __future__ import annotations
@@ -100,23 +102,17 @@ def mask_reorder(groups: int, target_kind: str, direct_tokens: int = 0) -> tirx.
             counts[g] = bits[1]
             flag[0] = T.Select(bits[1] > 0, 1, 0)
 
-        PT = 256  # threads of one group's block in the parallel partition
-        LOG_PT = 8
-
         @T.macro
-        def single_block(mask, counts, order, used, n, partition_too):
-            """One block: thread g partitions group g (few tokens) when `partition_too`, then the used-group
-            permutation by a block scan over counts > 0."""
+        def single_block(mask, counts, order, used, n):
+            """One block: thread g partitions group g (few tokens), then the used-group permutation by a block
+            scan over counts > 0."""
             for bx in T.thread_binding(1, thread="blockIdx.x"):
                 scan = T.decl_buffer((threads,), "int32", scope="shared")
                 for tx in T.thread_binding(threads, thread="threadIdx.x"):
                     reg = T.decl_buffer((2,), "int32", scope="local")
                     reg[0] = 0
                     if tx < G:
-                        if partition_too:
-                            partition_bits(mask, counts, order, tx, n, reg)
-                        else:
-                            reg[0] = T.Select(counts[tx] > 0, 1, 0)
+                        partition_bits(mask, counts, order, tx, n, reg)
                     scan[tx] = reg[0]
                     T.tvm_storage_sync("shared")
                     block_scan(scan, reg, tx, log_t)  # of the used flags
@@ -128,39 +124,80 @@ def mask_reorder(groups: int, target_kind: str, direct_tokens: int = 0) -> tirx.
                     if tx == threads - 1:
                         used[G] = scan[tx]
 
+        PT = 256  # threads of one group's block in the parallel partition
+        LOG_PT = 8
+        PW = PT // 32  # its warps
+        PE = 16  # tokens per thread in one round: a round covers PT x PE tokens with one block scan
+
+        def _ballot(flag):
+            """The warp's flags as a bit set (bit l: lane l's)."""
+            return T.call_pure_extern("uint32", "__ballot_sync", T.uint32(0xFFFFFFFF), flag)
+
+        def _tok(r, j, tx):
+            """Token j of thread tx in round r: j-major, so a warp's lanes hold 32 consecutive tokens."""
+            return r * PT * PE + j * PT + tx
+
+        @T.macro
+        def round_bits(mask, bal, g, r, tx, n):
+            """bal[j] = the warp's ballot of which of its 32 tokens of row j (round r) run group g: PE independent
+            clamped loads first, all in flight at once."""
+            for j in T.unroll(PE):
+                bal[j] = T.Cast("uint32", mask[T.min(_tok(r, j, tx), T.Cast("int32", n) - 1), g])
+            for j in T.unroll(PE):
+                bal[j] = _ballot(_tok(r, j, tx) < T.Cast("int32", n) and bal[j] != T.uint32(0))
+
         @T.macro
         def parallel_partition(mask, counts, order, n):
-            """Block g partitions group g: PT tokens at a time, positions from a block scan (stable)."""
+            """Block g partitions group g in rounds of PT x PE tokens: per row of PT tokens each warp ballots its
+            32, one block scan of the PE x PW warp counts (token order) places every token (stable), and each
+            warp's lanes write consecutive slots (coalesced). Up to PT x PE tokens the round's scan also gives
+            the active total the inactive tokens' slots need; past it a counting pass comes first."""
             for bx in T.thread_binding(G, thread="blockIdx.x"):
-                scan = T.decl_buffer((PT,), "int32", scope="shared")
+                scan = T.decl_buffer((PT,), "int32", scope="shared")  # warp counts, row-major (token order)
                 for tx in T.thread_binding(PT, thread="threadIdx.x"):
-                    reg = T.decl_buffer((4,), "int32", scope="local")  # flag, partner, active before chunk, total
-                    # total active count: per-thread sums, then a block scan
-                    reg[0] = 0
-                    for c in range((T.Cast("int32", n) + PT - 1) // PT):
-                        if c * PT + tx < T.Cast("int32", n):
-                            reg[0] = reg[0] + T.Select(mask[c * PT + tx, bx] != 0, 1, 0)
-                    scan[tx] = reg[0]
-                    T.tvm_storage_sync("shared")
-                    block_scan(scan, reg, tx, LOG_PT)
-                    reg[3] = scan[PT - 1]
-                    reg[2] = 0
-                    T.tvm_storage_sync("shared")
-                    for c in range((T.Cast("int32", n) + PT - 1) // PT):
-                        reg[0] = T.Select(c * PT + tx < T.Cast("int32", n), T.Select(
-                            mask[T.min(c * PT + tx, T.Cast("int32", n) - 1), bx] != 0, 1, 0), 0)
-                        scan[tx] = reg[0]
+                    bal = T.decl_buffer((PE,), "uint32", scope="local")
+                    reg = T.decl_buffer((4,), "int32", scope="local")  # -, total, active before round, before lane
+                    scr = T.decl_buffer((2,), "int32", scope="local")  # block_scan's scratch (its [1])
+                    rounds = (T.Cast("int32", n) + PT * PE - 1) // (PT * PE)
+                    reg[1] = 0
+                    if rounds > 1:  # the total active count first (one round: its scan gives it)
+                        reg[0] = 0
+                        for r in range(rounds):
+                            round_bits(mask, bal, bx, r, tx, n)
+                            for j in T.unroll(PE):
+                                reg[0] = reg[0] + _popc(T.reinterpret("int32", bal[j]))
+                        scan[tx] = T.Select(tx % 32 == 0, reg[0], 0)  # a warp's lanes agree: its first counts
                         T.tvm_storage_sync("shared")
-                        block_scan(scan, reg, tx, LOG_PT)
-                        if c * PT + tx < T.Cast("int32", n):
-                            if reg[0] != 0:  # active: after the active tokens of earlier chunks and lanes
-                                order[bx, reg[2] + scan[tx] - 1] = c * PT + tx
-                            else:  # inactive: after all active tokens, then the inactive ones before it
-                                order[bx, reg[3] + c * PT + tx - (reg[2] + scan[tx])] = c * PT + tx
+                        block_scan(scan, scr, tx, LOG_PT)
+                        reg[1] = scan[PT - 1]
+                        T.tvm_storage_sync("shared")
+                    reg[2] = 0
+                    for r in range(rounds):
+                        round_bits(mask, bal, bx, r, tx, n)
+                        scan[tx] = 0
+                        T.tvm_storage_sync("shared")
+                        if tx % 32 == 0:
+                            for j in T.unroll(PE):
+                                scan[j * PW + tx // 32] = _popc(T.reinterpret("int32", bal[j]))
+                        T.tvm_storage_sync("shared")
+                        block_scan(scan, scr, tx, LOG_PT)  # inclusive, over the PE x PW counts (zeros past them)
+                        if rounds == 1:
+                            reg[1] = scan[PT - 1]
+                        for j in T.unroll(PE):
+                            # active tokens before this lane's: earlier rows and warps, then lower lanes
+                            reg[3] = reg[2] + scan[j * PW + tx // 32] - _popc(T.reinterpret("int32", bal[j])) + _popc(
+                                T.reinterpret("int32", T.bitwise_and(bal[j], T.shift_left(T.uint32(1), T.Cast(
+                                    "uint32", tx % 32)) - T.uint32(1))))
+                            if _tok(r, j, tx) < T.Cast("int32", n):
+                                if T.bitwise_and(T.shift_right(bal[j], T.Cast("uint32", tx % 32)), T.uint32(1)) != \
+                                        T.uint32(0):
+                                    order[bx, reg[3]] = _tok(r, j, tx)
+                                else:  # after all active tokens, then the inactive ones before it
+                                    order[bx, reg[1] + _tok(r, j, tx) - reg[3]] = _tok(r, j, tx)
                         reg[2] = reg[2] + scan[PT - 1]
                         T.tvm_storage_sync("shared")
                     if tx == 0:
-                        counts[bx] = reg[3]
+                        counts[bx] = reg[1]
 
         @T.prim_func(private=True)
         def reorder_cuda(mask_h: T.handle, counts_h: T.handle, order_h: T.handle, used_h: T.handle):
@@ -173,10 +210,9 @@ def mask_reorder(groups: int, target_kind: str, direct_tokens: int = 0) -> tirx.
             if direct_tokens > 0 and n <= direct_tokens:  # decided on the host: the direct kernels need no reorder
                 T.evaluate(0)
             elif n <= SERIAL_TOKENS:  # few tokens, one launch
-                single_block(mask, counts, order, used, n, True)
-            else:  # many tokens: one block per group, then the used-group list
+                single_block(mask, counts, order, used, n)
+            else:  # many tokens: one block per group, one launch (the many-token kernels do not read `used`)
                 parallel_partition(mask, counts, order, n)
-                single_block(mask, counts, order, used, n, False)
 
         return reorder_cuda
 

@@ -41,12 +41,19 @@ class TileKnobs:
     # "wgmma": the Hopper warpgroup GEMMs of schedules/wgmma_gemm.py (sm_90a; rows: the wgmma N in 64s; no prefetch)
     kernel: str = "smem"
     ksplit: int = 1  # wgmma gemm_k: blocks splitting the listed K steps, their fp32 partials summed in a fixed order
+    # wgmma: warps of a producer that alone issues the ring's copies and hands stages over through mbarriers
+    # (warp specialisation); 0: every thread copies, and one block-wide barrier per K step
+    producer: int = 0
+    # wgmma gemm_mn with producer warps: blocks of a persistent grid that walk the existing tiles (0: a block per
+    # tile, including the tiles past a group's count, which only write zeros)
+    persistent: int = 0
 
     def name(self) -> str:
         if self.kernel == "gemv":
             return "gemv64"
         if self.kernel == "wgmma":
-            return f"wg{self.tokens}n{64 * self.rows}s{self.stages}" + (f"k{self.ksplit}" if self.ksplit > 1 else "")
+            return (f"wg{self.tokens}n{64 * self.rows}s{self.stages}" + (f"k{self.ksplit}" if self.ksplit > 1 else "")
+                    + (f"p{self.producer}" if self.producer else "") + (f"x{self.persistent}" if self.persistent else ""))
         return f"t{self.tokens}r{self.rows}s{self.stages}p{self.prefetch}"
 
 
@@ -54,6 +61,7 @@ GEMV_TILES = TileKnobs(kernel="gemv")
 # token tiles of the wgmma GEMMs: a warpgroup per 64 (3 would not split the weight copies evenly; 4 would need
 # 4 x 128 threads x 128 accumulator registers, the whole register file)
 WGMMA_TOKENS = (64, 128)
+WGMMA_PRODUCERS = (0, 1, 2, 4)  # producer warps: they must split a 64-row tile's 16-byte copies evenly
 # Token counts past the direct kernels are split into buckets (<= 128, <= 512, more), each with its kernel and knobs
 TILE_BUCKETS = (128, 512)
 DEFAULT_TILES = (GEMV_TILES, TileKnobs(), TileKnobs())
@@ -61,15 +69,17 @@ DEFAULT_TILES = (GEMV_TILES, TileKnobs(), TileKnobs())
 
 def tile_knob(entry) -> TileKnobs:
     """One bucket's knobs from a log or sweep entry: [tokens, rows, stages, prefetch], ["gemv"], or
-    ["wgmma", tokens, rows, stages(, ksplit)]."""
+    ["wgmma", tokens, rows, stages(, ksplit(, producer warps(, persistent blocks)))]."""
     entry = list(entry)
     if entry == ["gemv"]:
         return GEMV_TILES
     if entry and entry[0] == "wgmma":
-        if len(entry) not in (4, 5):
-            raise ValueError(f"wgmma tile knobs {entry}: expected ['wgmma', tokens, rows (N / 64), stages(, ksplit)]")
+        if len(entry) not in (4, 5, 6, 7):
+            raise ValueError(f"wgmma tile knobs {entry}: expected ['wgmma', tokens, rows (N / 64), stages(, ksplit"
+                             "(, producer warps(, persistent blocks)))]")
         knobs = TileKnobs(tokens=entry[1], rows=entry[2], stages=entry[3], kernel="wgmma",
-                          ksplit=entry[4] if len(entry) > 4 else 1)
+                          ksplit=entry[4] if len(entry) > 4 else 1, producer=entry[5] if len(entry) > 5 else 0,
+                          persistent=entry[6] if len(entry) > 6 else 0)
     else:
         knobs = TileKnobs(*entry)
     check_tile_knobs(knobs)
@@ -102,12 +112,16 @@ def many_token_kernels(knobs: tuple, gemv_tiles, make_tiles, make_wgmma) -> list
 def check_tile_knobs(knobs: TileKnobs) -> None:
     """ValueError unless `knobs` describe a tile GEMM this module (or schedules/wgmma_gemm.py) can build."""
     if knobs.kernel == "wgmma":
-        if knobs.tokens not in WGMMA_TOKENS or knobs.stages < 3 or not 1 <= knobs.rows <= 4 or knobs.ksplit < 1:
+        if (knobs.tokens not in WGMMA_TOKENS or knobs.stages < 3 or not 1 <= knobs.rows <= 4 or knobs.ksplit < 1
+                or knobs.producer not in WGMMA_PRODUCERS or knobs.persistent < 0
+                or (knobs.persistent and not knobs.producer)):
             raise ValueError(f"wgmma tile knobs {knobs}: tokens must be one of {WGMMA_TOKENS} (a warpgroup per "
-                             "64 tokens), rows 1..4 (wgmma N = 64 rows), stages >= 3 and ksplit >= 1")
+                             "64 tokens), rows 1..4 (wgmma N = 64 rows), stages >= 3, ksplit >= 1, producer "
+                             f"warps one of {WGMMA_PRODUCERS}, and a persistent grid needs producer warps")
         return
-    if knobs.ksplit != 1:
-        raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_k splits K over blocks")
+    if knobs.ksplit != 1 or knobs.producer or knobs.persistent:
+        raise ValueError(f"tile knobs {knobs}: only the wgmma GEMMs split K over blocks, have producer warps or "
+                         "a persistent grid")
     if knobs.kernel != "smem" or knobs.tokens % 64 or knobs.rows < 1 or knobs.stages < 2 or knobs.prefetch < 1:
         raise ValueError(f"tile knobs {knobs}: tokens must be a multiple of 64, rows >= 1, stages >= 2, "
                          "prefetch >= 1, kernel 'smem' (or 'gemv', which has no tile GEMM)")
@@ -257,7 +271,7 @@ def tile_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs: 
                 for wy in T.thread_binding(WARPS, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
                         gi = T.decl_buffer((2,), "int32", scope="local")  # group, its active tokens
-                        gi[0] = used[bg // BPG]  # groups some token runs first: blocks with work start first
+                        gi[0] = bg // BPG
                         gi[1] = T.min(counts[gi[0]], nn(n))
                         if bt * BT < gi[1]:
                             acc = T.decl_buffer((NACC,), "float32", scope="local")

@@ -11,9 +11,16 @@ steps through an S-deep cp.async ring in dynamic shared memory, both operands K-
   they land in the swizzled tile unchanged, and the decode kernels and these share one stored weight.
 
 Step s issues its four wgmmas asynchronously and waits only for step s - 1's (wgmma.wait_group 1), so the tensor
-cores do not drain between steps; the copy issued at step s refills the slot step s - 2 read, which every
-warpgroup has finished by the barrier at the top of step s. Every output element is written by one thread, with
-no atomics: deterministic.
+cores do not drain between steps. Two ways to feed the ring (knob `producer`):
+
+* every thread copies, and the copy issued at step s refills the slot step s - 2 read, which every warpgroup has
+  finished by the block-wide barrier at the top of step s;
+* warp-specialised: `producer` extra warps alone issue the copies and hand each slot over through a full and an
+  empty mbarrier (cp.async.mbarrier.arrive on one side, an arrive after wgmma.wait_group on the other), so the
+  warpgroups never meet at a barrier and the copies run up to S - 1 steps ahead. gemm_mn can then also run on a
+  persistent grid (knob `persistent`: that many blocks walk the tiles that exist, one ring through all of them).
+
+Every output element is written by one thread, with no atomics: deterministic.
 
 * `wgmma_mn_body` (gate/up with SwiGLU, Q): token tiles sorted per group by the mask reorder; a tile past the
   group's active count only writes its zeros (block-level skipping).
@@ -22,6 +29,8 @@ no atomics: deterministic.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from tvm.script import tirx as T
 
@@ -54,6 +63,8 @@ def check_wgmma_shape(group_size: int, k_dim: int, knobs: TileKnobs, swiglu: boo
         raise ValueError(f"tile knobs {knobs} are not the wgmma GEMM's")
     check_tile_knobs(knobs)
     if swiglu is None:
+        if knobs.persistent:
+            raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_mn runs on a persistent grid")
         if group_size % KSTEP or k_dim % (64 * knobs.rows):
             raise ValueError(f"the wgmma gemm_k needs a group size that is a multiple of {KSTEP} and N a multiple "
                              f"of {64 * knobs.rows}; got group size {group_size}, N={k_dim}")
@@ -83,10 +94,28 @@ def _ring_ptr(xs, base, offset, c, threads, tid):
     return xs.ptr_to([(base[0] + offset + _swz((c * threads + tid) // 8, tid % 8)) // 2])
 
 
-def ring_layout(knobs: TileKnobs, nb: int) -> tuple[int, int, int]:
-    """(threads, activation tile bytes, stage bytes) of a block with wgmma N `nb`: a warpgroup per 64 tokens; a
-    ring stage holds the tokens x 64 K activation tile, then the nb x 64 K weight tile."""
-    return 128 * (knobs.tokens // 64), knobs.tokens * KSTEP * 2, (knobs.tokens + nb) * KSTEP * 2
+class Ring(NamedTuple):
+    """Threads and bytes of a block: a warpgroup per 64 tokens (the consumers: wgmma and the epilogue), then the
+    producer warps, if any; a ring stage holds the tokens x 64 K activation tile, then the nb x 64 K weight tile."""
+
+    threads: int  # all of the block's
+    consumers: int  # the first ones: the warpgroups
+    copiers: int  # the threads that issue the ring's copies: the producer warps, or every thread without them
+    a_bytes: int  # of a stage's activation tile
+    stage: int  # bytes of a stage
+
+    @property
+    def copier0(self) -> int:
+        """threadIdx of the first copier."""
+        return self.threads - self.copiers
+
+
+def ring_layout(knobs: TileKnobs, nb: int) -> Ring:
+    """The block layout of a wgmma GEMM with wgmma N `nb`."""
+    consumers = 128 * (knobs.tokens // 64)
+    threads = consumers + 32 * knobs.producer
+    return Ring(threads, consumers, 32 * knobs.producer or threads, knobs.tokens * KSTEP * 2,
+                (knobs.tokens + nb) * KSTEP * 2)
 
 
 def _tc_vector(row, chunk, unit):
@@ -95,42 +124,136 @@ def _tc_vector(row, chunk, unit):
     return ((chunk * 2 + row % ROWS // 8) * 32 + row % 8 * 4 + unit % 4) * 8
 
 
+@T.macro
+def _encode_descriptors(xs, base, desc, tid, a_bytes):
+    """desc[0]: this warpgroup's 64 activation rows in ring slot 0; desc[1]: the weight tile in slot 0."""
+    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[0]), xs.ptr_to([(base[0] + tid // 128 * 64 * 128) // 2]),
+                                          1, SBO_16B, SWIZZLE_128B)
+    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[1]), xs.ptr_to([(base[0] + a_bytes) // 2]),
+                                          1, SBO_16B, SWIZZLE_128B)
+
+
+def _wgmma_step(acc, nb: int, desc, s, S: int, stage: int):
+    """Macro body of K step s: fence, the four k16 wgmmas of ring slot s % S, commit (not waited for)."""
+
+    @T.macro
+    def step():
+        T.ptx["wgmma.fence.sync.aligned"]()
+        for kk in T.unroll(KSTEP // 16):  # descriptors advance 32 bytes per k16 inside the swizzle span
+            T.evaluate(_wgmma(acc, nb, desc[0] + T.Cast("uint64", (s % S * stage + kk * 32) // 16),
+                              desc[1] + T.Cast("uint64", (s % S * stage + kk * 32) // 16)))
+        T.ptx["wgmma.commit_group.sync.aligned"]()
+
+    return step
+
+
 def wgmma_mainloop(knobs: TileKnobs, nb: int, issue):
-    """Macro (xs, base, desc, acc, nsteps, *args): zero acc, then the K loop over `nsteps` steps with the kernel's
-    `issue(step, nsteps, xs, base, *args)` (cp.async one step's activation and weight tiles into ring slot
-    step % S, or an empty group past the last). xs: the dynamic shared ring; base: a local int32 [1] for its
+    """Macro (xs, base, desc, acc, nsteps, tid, *args): zero acc, then the K loop over `nsteps` steps with the
+    kernel's `issue(step, slot, nsteps, xs, base, *args)` (cp.async one step's activation and weight tiles into
+    ring slot `slot`, or an empty group past the last). xs: the dynamic shared ring; base: a local int32 [1] for its
     1024-aligned start; desc: a local uint64 [2] for the descriptors of this warpgroup's activation rows and of
-    the weights in slot 0."""
+    the weights in slot 0. With producer warps (`knobs.producer`) only they call `issue`, and only the
+    warpgroups' acc holds the result."""
+    if knobs.producer:
+        return _specialised_mainloop(knobs, nb, issue)
     S = knobs.stages
-    _, a_bytes, stage = ring_layout(knobs, nb)
+    ring = ring_layout(knobs, nb)
 
     @T.macro
     def run(xs, base, desc, acc, nsteps, tid, *args):
-        base[0] = T.Cast("int32", (ALIGN - T.cuda.cvta_generic_to_shared(xs.ptr_to([0])) % ALIGN) % ALIGN)
-        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[0]),
-                                              xs.ptr_to([(base[0] + tid // 128 * 64 * 128) // 2]),
-                                              1, SBO_16B, SWIZZLE_128B)
-        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[1]), xs.ptr_to([(base[0] + a_bytes) // 2]),
-                                              1, SBO_16B, SWIZZLE_128B)
+        base[0] = _aligned_start(xs)
+        _encode_descriptors(xs, base, desc, tid, ring.a_bytes)
         for a in T.unroll(nb // 2):
             acc[a] = T.float32(0)
         for st in T.unroll(S - 2):
-            issue(st, nsteps, xs, base, *args)
+            issue(st, st % S, nsteps, xs, base, *args)
         for s in range(nsteps):
             T.ptx["cp.async.wait_group"](S - 3)  # this thread's copies of step s landed
             T.ptx["fence.proxy.async.shared::cta"]()  # ... and are visible to wgmma (the async proxy)
             T.tvm_storage_sync("shared")  # everyone's; and step s - 2's wgmmas are done everywhere
-            issue(s + S - 2, nsteps, xs, base, *args)
-            T.ptx["wgmma.fence.sync.aligned"]()
-            for kk in T.unroll(KSTEP // 16):  # descriptors advance 32 bytes per k16 inside the swizzle span
-                T.evaluate(_wgmma(acc, nb, desc[0] + T.Cast("uint64", (s % S * stage + kk * 32) // 16),
-                                  desc[1] + T.Cast("uint64", (s % S * stage + kk * 32) // 16)))
-            T.ptx["wgmma.commit_group.sync.aligned"]()
+            issue(s + S - 2, (s + S - 2) % S, nsteps, xs, base, *args)
+            _wgmma_step(acc, nb, desc, s, S, ring.stage)()
             T.ptx["wgmma.wait_group.sync.aligned"](1)
         T.ptx["wgmma.wait_group.sync.aligned"](0)
         T.ptx["cp.async.wait_group"](0)  # no copy outlives the kernel (the last ones were empty groups)
 
     return run
+
+
+def _aligned_start(xs):
+    """Bytes from xs's start to its first 1024-aligned shared address."""
+    return T.Cast("int32", (ALIGN - T.cuda.cvta_generic_to_shared(xs.ptr_to([0])) % ALIGN) % ALIGN)
+
+
+def _specialised_mainloop(knobs: TileKnobs, nb: int, issue):
+    """The K loop with producer warps (one tile): `specialised_stages` with the tile's steps numbered from 0."""
+    init, produce, consume = specialised_stages(knobs, nb, issue)
+    ring = ring_layout(knobs, nb)
+
+    @T.macro
+    def run(xs, base, desc, acc, nsteps, tid, *args):
+        init(xs, base, tid)
+        if tid >= ring.copier0:
+            produce(xs, base, nsteps, 0, *args)
+            T.ptx["cp.async.wait_group"](0)  # no copy outlives the kernel
+        else:
+            _encode_descriptors(xs, base, desc, tid, ring.a_bytes)
+            consume(xs, base, desc, acc, nsteps, 0, tid)
+
+    return run
+
+
+def specialised_stages(knobs: TileKnobs, nb: int, issue):
+    """Macros (init, produce, consume) of a warp-specialised K loop. The producer warps fill ring slot i % S (i:
+    the block's running step count, so a persistent block's tiles continue one ring) once the warpgroups have
+    released it, and mark it full with cp.async.mbarrier.arrive (it completes when their copies land); the
+    warpgroups wait for a slot's full barrier, run its wgmmas and release the slot before theirs (wgmma.wait_group
+    1) on its empty barrier, and the tile's last slot when its wgmmas are done. No block-wide barrier per step, and
+    the producers run up to S - 1 steps ahead (into the next tile of a persistent block while the warpgroups
+    store this one). The 2 S mbarriers sit past the ring (full: 0 .. S - 1, empty: S .. 2 S - 1).
+
+    init(xs, base, tid): the ring's aligned start (every thread), the barriers (thread 0), a block barrier;
+    produce(xs, base, nsteps, i0, *args): a producer thread's copies of one tile's steps (running steps i0 ..);
+    consume(xs, base, desc, acc, nsteps, i0, tid): a warpgroup thread's zeroed acc through one tile's steps."""
+    S = knobs.stages
+    ring = ring_layout(knobs, nb)
+
+    def bar(xs, base, i):
+        return xs.ptr_to([(base[0] + S * ring.stage + 8 * i) // 2])
+
+    @T.macro
+    def init(xs, base, tid):
+        base[0] = _aligned_start(xs)
+        if tid == 0:
+            for i in T.unroll(S):
+                T.ptx["mbarrier.init.shared::cta.b64"](bar(xs, base, i), ring.copiers)  # each copier's arrive
+                T.ptx["mbarrier.init.shared::cta.b64"](bar(xs, base, S + i), ring.consumers // 32)  # a lane a warp
+        T.tvm_storage_sync("shared")
+
+    @T.macro
+    def produce(xs, base, nsteps, i0, *args):
+        for s in range(nsteps):
+            if i0 + s >= S:  # the warpgroups released running step i0 + s - S's slot
+                T.cuda.mbarrier_wait(bar(xs, base, S + (i0 + s) % S), ((i0 + s) // S + 1) % 2)
+            issue(s, (i0 + s) % S, nsteps, xs, base, *args)
+            T.ptx["cp.async.mbarrier.arrive.noinc.shared::cta.b64"](bar(xs, base, (i0 + s) % S))
+
+    @T.macro
+    def consume(xs, base, desc, acc, nsteps, i0, tid):
+        for a in T.unroll(nb // 2):
+            acc[a] = T.float32(0)
+        for s in range(nsteps):
+            T.cuda.mbarrier_wait(bar(xs, base, (i0 + s) % S), (i0 + s) // S % 2)  # the step's copies landed
+            T.ptx["fence.proxy.async.shared::cta"]()  # ... visible to wgmma (the async proxy)
+            _wgmma_step(acc, nb, desc, i0 + s, S, ring.stage)()
+            T.ptx["wgmma.wait_group.sync.aligned"](1)  # the step before's wgmmas are done: release its slot
+            if s > 0 and tid % 32 == 0:
+                T.ptx["mbarrier.arrive.shared::cta.b64"](bar(xs, base, S + (i0 + s - 1) % S))
+        T.ptx["wgmma.wait_group.sync.aligned"](0)
+        if nsteps > 0 and tid % 32 == 0:  # and the tile's last slot
+            T.ptx["mbarrier.arrive.shared::cta.b64"](bar(xs, base, S + (i0 + nsteps - 1) % S))
+
+    return init, produce, consume
 
 
 def _acc_row(tid, e):
@@ -145,7 +268,7 @@ def _acc_col(j, tid, e):
 
 def ring_bytes(knobs: TileKnobs, nb: int) -> int:
     """Dynamic shared memory of one block: the ring plus the alignment slack."""
-    return knobs.stages * ring_layout(knobs, nb)[2] + ALIGN
+    return knobs.stages * (ring_layout(knobs, nb).stage + (16 if knobs.producer else 0)) + ALIGN
 
 
 def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs: TileKnobs = WGMMA_TILES):
@@ -155,10 +278,11 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     check_wgmma_shape(gs, K, knobs, swiglu)
     BT, S = knobs.tokens, knobs.stages
     NB, BN = wgmma_n(gs, swiglu, knobs)
-    THREADS, A_BYTES, STAGE = ring_layout(knobs, NB)
+    ring = ring_layout(knobs, NB)
+    THREADS, COPIERS, A_BYTES, STAGE = ring.threads, ring.copiers, ring.a_bytes, ring.stage
     BPG = gs // BN  # blocks per group
-    CA = BT * 8 // THREADS  # 16-byte activation copies per thread and step
-    CB = NB * 8 // THREADS
+    CA = BT * 8 // COPIERS  # 16-byte activation copies per copying thread and step
+    CB = NB * 8 // COPIERS
     ZU = BN // 8  # 16-byte output units per token row of the block
 
     def nn(n):
@@ -168,32 +292,53 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
         """First output channel of this block."""
         return gi[0] * gs + bg % BPG * BN
 
-    def w_row(c, tid, gi, bg):
-        """Weight row (of gate, or of up for ring rows past BN) of this thread's weight copy c."""
-        return chan0(gi, bg) + (c * THREADS + tid) // 8 % BN
+    def w_row(c, ct, gi, bg):
+        """Weight row (of gate, or of up for ring rows past BN) of copier ct's weight copy c."""
+        return chan0(gi, bg) + (c * COPIERS + ct) // 8 % BN
 
     @T.macro
-    def copy_w(step, xs, base, w, c, gi, bg, tid):
+    def copy_w(step, slot, xs, base, w, c, gi, bg, ct):
         T.ptx["cp.async.cg.shared.global"](
-            _ring_ptr(xs, base, step % S * STAGE + A_BYTES, c, THREADS, tid),
-            w.ptr_to([w_row(c, tid, gi, bg) // ROWS, _tc_vector(w_row(c, tid, gi, bg), step * 2 + tid % 8 // 4,
-                                                                 tid % 8)]), 16, T.uint32(16))
+            _ring_ptr(xs, base, slot * STAGE + A_BYTES, c, COPIERS, ct),
+            w.ptr_to([w_row(c, ct, gi, bg) // ROWS, _tc_vector(w_row(c, ct, gi, bg), step * 2 + ct % 8 // 4,
+                                                                ct % 8)]), 16, T.uint32(16))
 
     @T.macro
-    def issue(step, nsteps, xs, base, x, wg, wu, trow, tsz, gi, bg, tid):
+    def issue(step, slot, nsteps, xs, base, x, wg, wu, trow, tsz, gi, bg, ct):
+        """Copier ct's copies of K step `step` into ring slot `slot` (ct: its index among the copiers)."""
         if step < nsteps:
             for c in T.unroll(CA):
                 T.ptx["cp.async.cg.shared.global"](
-                    _ring_ptr(xs, base, step % S * STAGE, c, THREADS, tid),
-                    x.ptr_to([trow[c], step * KSTEP + tid % 8 * 8]), 16, tsz[c])
+                    _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
+                    x.ptr_to([trow[c], step * KSTEP + ct % 8 * 8]), 16, tsz[c])
             for c in T.unroll(CB):
-                if swiglu and (c * THREADS + tid) // 8 >= BN:  # up rows follow the gate rows
-                    copy_w(step, xs, base, wu, c, gi, bg, tid)
+                if swiglu and (c * COPIERS + ct) // 8 >= BN:  # up rows follow the gate rows
+                    copy_w(step, slot, xs, base, wu, c, gi, bg, ct)
                 else:
-                    copy_w(step, xs, base, wg, c, gi, bg, tid)
+                    copy_w(step, slot, xs, base, wg, c, gi, bg, ct)
         T.ptx["cp.async.commit_group"]()
 
     run = wgmma_mainloop(knobs, NB, issue)
+
+    @T.macro
+    def copy_rows(trow, tsz, order, gi, bt, ct):
+        """Copier ct's activation rows of token tile bt: their tokens, and 16 bytes (0 past the count: zero-fill)."""
+        for c in T.unroll(CA):
+            trow[c] = order[gi[0], T.min(bt * BT + (c * COPIERS + ct) // 8, gi[1] - 1)]
+            tsz[c] = T.Select(bt * BT + (c * COPIERS + ct) // 8 < gi[1], T.uint32(16), T.uint32(0))
+
+    @T.macro
+    def store(out, acc, order, gi, bt, bg, tid):
+        """A warpgroup thread's outputs of the tile (rows past the group's count are not its to write)."""
+        for j in T.unroll(BN // 8):
+            for e in T.unroll(4):
+                if bt * BT + _acc_row(tid, e) < gi[1]:
+                    out[order[gi[0], bt * BT + _acc_row(tid, e)], chan0(gi, bg) + _acc_col(j, tid, e)] = T.Cast(
+                        "float16", (acc[4 * j + e] * T.sigmoid(acc[4 * j + e]) * acc[4 * (j + BN // 8) + e])
+                        if swiglu else acc[4 * j + e])
+
+    if knobs.persistent:
+        return _persistent_mn_body(G, gs, K, knobs, NB, BN, specialised_stages(knobs, NB, issue), copy_rows, store)
 
     @T.macro
     def body(x, wg, wu, mask, counts, order, used, out, n):
@@ -202,7 +347,7 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                 xs = T.decl_buffer((ring_bytes(knobs, NB) // 2,), "float16", scope="shared.dyn")
                 for tid in T.thread_binding(THREADS, thread="threadIdx.x"):
                     gi = T.decl_buffer((2,), "int32", scope="local")  # group, its active tokens
-                    gi[0] = used[bg // BPG]  # groups some token runs first: blocks with work start first
+                    gi[0] = bg // BPG
                     gi[1] = T.min(counts[gi[0]], nn(n))
                     if bt * BT < gi[1]:
                         acc = T.decl_buffer((NB // 2,), "float32", scope="local")
@@ -210,17 +355,11 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                         desc = T.decl_buffer((2,), "uint64", scope="local")
                         trow = T.decl_buffer((CA,), "int32", scope="local")  # token of each activation copy row
                         tsz = T.decl_buffer((CA,), "uint32", scope="local")  # its bytes: 16, or 0 past the count
-                        for c in T.unroll(CA):
-                            trow[c] = order[gi[0], T.min(bt * BT + (c * THREADS + tid) // 8, gi[1] - 1)]
-                            tsz[c] = T.Select(bt * BT + (c * THREADS + tid) // 8 < gi[1], T.uint32(16), T.uint32(0))
-                        run(xs, base, desc, acc, K // KSTEP, tid, x, wg, wu, trow, tsz, gi, bg, tid)
-                        for j in T.unroll(BN // 8):
-                            for e in T.unroll(4):
-                                if bt * BT + _acc_row(tid, e) < gi[1]:
-                                    out[order[gi[0], bt * BT + _acc_row(tid, e)],
-                                        chan0(gi, bg) + _acc_col(j, tid, e)] = \
-                                        T.Cast("float16", (acc[4 * j + e] * T.sigmoid(acc[4 * j + e])
-                                                           * acc[4 * (j + BN // 8) + e]) if swiglu else acc[4 * j + e])
+                        if tid >= ring.copier0:
+                            copy_rows(trow, tsz, order, gi, bt, tid - ring.copier0)
+                        run(xs, base, desc, acc, K // KSTEP, tid, x, wg, wu, trow, tsz, gi, bg, tid - ring.copier0)
+                        if tid < ring.consumers:  # the warpgroups (always, without producer warps)
+                            store(out, acc, order, gi, bt, bg, tid)
                     # this tile's slots that skip the group (all of them past the count): zeros, 16 bytes a store
                     for i in range((T.max(T.min(nn(n), bt * BT + BT) - T.max(gi[1], bt * BT), 0) * ZU
                                     + THREADS - 1) // THREADS):
@@ -228,6 +367,112 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                             for v in T.vectorized(8):
                                 out[order[gi[0], T.max(gi[1], bt * BT) + (i * THREADS + tid) // ZU],
                                     chan0(gi, bg) + (i * THREADS + tid) % ZU * 8 + v] = T.float16(0)
+
+    return body
+
+
+def _persistent_mn_body(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: int, stages, copy_rows, store):
+    """wgmma_mn_body on a persistent grid of knobs.persistent blocks (producer warps required). The tiles that exist
+    (per group, ceil(count / BT) token tiles x the group's column blocks) are numbered in the order the
+    per-tile grid would run them; block b takes tiles b, b + P, ... and one ring runs through all of them, so the
+    producers load the next tile's first steps while the warpgroups store this one, and no block is spent on a
+    tile past a group's count. The slots that skip their group are then zeroed by the whole grid, a row a thread."""
+    init, produce, consume = stages
+    BT, P = knobs.tokens, knobs.persistent
+    ring = ring_layout(knobs, NB)
+    THREADS = ring.threads
+    BPG = gs // BN
+    NSTEPS = K // KSTEP
+    CA = BT * 8 // ring.copiers
+    LOG_T = (THREADS - 1).bit_length()  # scan steps over the block's threads
+    LOG_G = G.bit_length()  # binary-search steps over G + 1 prefix entries
+
+    def nn(n):
+        return T.Cast("int32", n)
+
+    @T.macro
+    def tile_prefix(counts, pre, scan, reg, tid, n):
+        """pre[g] = tiles of the groups before g (pre[G]: all), by block scans THREADS groups at a time."""
+        reg[1] = 0  # tiles of earlier chunks
+        for c in range((G + THREADS - 1) // THREADS):
+            reg[0] = (T.min(counts[T.min(c * THREADS + tid, G - 1)], nn(n)) + BT - 1) // BT * BPG
+            scan[tid] = T.Select(c * THREADS + tid < G, reg[0], 0)
+            T.tvm_storage_sync("shared")
+            for st in T.unroll(LOG_T):  # inclusive Hillis-Steele scan
+                reg[0] = scan[T.max(tid - (1 << st), 0)]
+                reg[0] = T.Select(tid >= (1 << st), reg[0], 0)
+                T.tvm_storage_sync("shared")
+                scan[tid] = scan[tid] + reg[0]
+                T.tvm_storage_sync("shared")
+            reg[0] = scan[tid]
+            if c * THREADS + tid < G:
+                pre[c * THREADS + tid + 1] = reg[1] + reg[0]
+            reg[0] = scan[THREADS - 1]
+            reg[1] = reg[1] + reg[0]
+            T.tvm_storage_sync("shared")
+        if tid == 0:
+            pre[0] = 0
+        T.tvm_storage_sync("shared")
+
+    @T.macro
+    def decode(tile, pre, counts, gi, loc, n):
+        """Tile number `tile` -> gi (group, its active tokens), loc[1] its token tile, loc[2] its block-group index
+        (the per-tile grid's blockIdx.y); loc[0]: the group index found by a binary search of pre."""
+        loc[0] = 0
+        loc[3] = G
+        for _ in T.unroll(LOG_G):  # the last i with pre[i] <= tile (then pre[i + 1] > tile)
+            loc[1] = pre[(loc[0] + loc[3] + 1) // 2]  # shared loads in statements of their own, not in conditions
+            if loc[1] <= tile:
+                loc[0] = (loc[0] + loc[3] + 1) // 2
+            else:
+                loc[3] = (loc[0] + loc[3] + 1) // 2 - 1
+        loc[1] = pre[loc[0]]
+        gi[0] = loc[0]
+        gi[1] = T.min(counts[gi[0]], nn(n))
+        loc[3] = (gi[1] + BT - 1) // BT  # the group's token tiles
+        loc[2] = loc[0] * BPG + (tile - loc[1]) // loc[3]
+        loc[1] = (tile - loc[1]) % loc[3]
+
+    @T.macro
+    def body(x, wg, wu, mask, counts, order, used, out, n):
+        for bx in T.thread_binding(P, thread="blockIdx.x"):
+            xs = T.decl_buffer((ring_bytes(knobs, NB) // 2,), "float16", scope="shared.dyn")
+            pre = T.decl_buffer((G + 1,), "int32", scope="shared")
+            scan = T.decl_buffer((THREADS,), "int32", scope="shared")
+            for tid in T.thread_binding(THREADS, thread="threadIdx.x"):
+                reg = T.decl_buffer((3,), "int32", scope="local")  # scan scratch, tiles so far, this block's tiles
+                gi = T.decl_buffer((2,), "int32", scope="local")  # group, its active tokens
+                loc = T.decl_buffer((4,), "int32", scope="local")  # group, token tile, block group, scratch
+                base = T.decl_buffer((1,), "int32", scope="local")
+                tile_prefix(counts, pre, scan, reg, tid, n)
+                reg[2] = (pre[G] - bx + P - 1) // P  # loop bounds from registers, not shared memory
+                init(xs, base, tid)
+                if tid >= ring.copier0:
+                    trow = T.decl_buffer((CA,), "int32", scope="local")
+                    tsz = T.decl_buffer((CA,), "uint32", scope="local")
+                    for k in range(reg[2]):  # this block's tiles
+                        decode(bx + k * P, pre, counts, gi, loc, n)
+                        copy_rows(trow, tsz, order, gi, loc[1], tid - ring.copier0)
+                        produce(xs, base, NSTEPS, k * NSTEPS, x, wg, wu, trow, tsz, gi, loc[2], tid - ring.copier0)
+                    T.ptx["cp.async.wait_group"](0)  # no copy outlives the kernel
+                else:
+                    acc = T.decl_buffer((NB // 2,), "float32", scope="local")
+                    desc = T.decl_buffer((2,), "uint64", scope="local")
+                    _encode_descriptors(xs, base, desc, tid, ring.a_bytes)
+                    for k in range(reg[2]):
+                        decode(bx + k * P, pre, counts, gi, loc, n)
+                        consume(xs, base, desc, acc, NSTEPS, k * NSTEPS, tid)
+                        store(out, acc, order, gi, loc[1], loc[2], tid)
+                # the sorted slots past each group's count: zeros, one (group, slot) row of gs channels a thread
+                for r in range((G * nn(n) + P * THREADS - 1) // (P * THREADS)):
+                    if (r * P + bx) * THREADS + tid < G * nn(n):
+                        if ((r * P + bx) * THREADS + tid) % nn(n) >= T.min(
+                                counts[((r * P + bx) * THREADS + tid) // nn(n)], nn(n)):
+                            for u in range(gs // 8):
+                                for v in T.vectorized(8):
+                                    out[order[((r * P + bx) * THREADS + tid) // nn(n),
+                                              ((r * P + bx) * THREADS + tid) % nn(n)],
+                                        ((r * P + bx) * THREADS + tid) // nn(n) * gs + u * 8 + v] = T.float16(0)
 
     return body
 
@@ -241,11 +486,12 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
     check_wgmma_shape(gs, N, knobs)
     BT, S = knobs.tokens, knobs.stages
     NB = 64 * knobs.rows
-    THREADS, A_BYTES, STAGE = ring_layout(knobs, NB)
+    ring = ring_layout(knobs, NB)
+    THREADS, COPIERS, A_BYTES, STAGE = ring.threads, ring.copiers, ring.a_bytes, ring.stage
     WARPS = THREADS // 32
     SPG = gs // KSTEP  # K steps per group slice
-    CA = BT * 8 // THREADS
-    CB = NB * 8 // THREADS
+    CA = BT * 8 // COPIERS
+    CB = NB * 8 // COPIERS
     BITS = G + 1 + WARPS  # where the token bit sets start in the shared list buffer
     KB = knobs.ksplit
 
@@ -257,22 +503,23 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
         return sused[step // SPG] * gs + step % SPG * KSTEP
 
     @T.macro
-    def issue(step, nsteps, xs, base, a, w, sused, first, bt, bx, tid, n):
-        """Step `step` of this block's share, which starts at listed step first[0]."""
+    def issue(step, slot, nsteps, xs, base, a, w, sused, first, bt, bx, ct, n):
+        """Copier ct's copies of step `step` of this block's share (which starts at listed step first[0]) into ring
+        slot `slot`."""
         if step < nsteps:
             for c in T.unroll(CA):
                 T.ptx["cp.async.cg.shared.global"](
-                    _ring_ptr(xs, base, step % S * STAGE, c, THREADS, tid),
-                    a.ptr_to([T.min(bt * BT + (c * THREADS + tid) // 8, nn(n) - 1),
-                              k0(sused, first[0] + step) + tid % 8 * 8]),
-                    16, T.Select(token_runs(sused, BITS, G, (first[0] + step) // SPG, (c * THREADS + tid) // 8) != 0,
+                    _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
+                    a.ptr_to([T.min(bt * BT + (c * COPIERS + ct) // 8, nn(n) - 1),
+                              k0(sused, first[0] + step) + ct % 8 * 8]),
+                    16, T.Select(token_runs(sused, BITS, G, (first[0] + step) // SPG, (c * COPIERS + ct) // 8) != 0,
                                  T.uint32(16), T.uint32(0)))
             for c in T.unroll(CB):
                 T.ptx["cp.async.cg.shared.global"](
-                    _ring_ptr(xs, base, step % S * STAGE + A_BYTES, c, THREADS, tid),
-                    w.ptr_to([(bx * NB + (c * THREADS + tid) // 8) // ROWS,
-                              _tc_vector(bx * NB + (c * THREADS + tid) // 8,
-                                         k0(sused, first[0] + step) // 32 + tid % 8 // 4, tid % 8)]), 16, T.uint32(16))
+                    _ring_ptr(xs, base, slot * STAGE + A_BYTES, c, COPIERS, ct),
+                    w.ptr_to([(bx * NB + (c * COPIERS + ct) // 8) // ROWS,
+                              _tc_vector(bx * NB + (c * COPIERS + ct) // 8,
+                                         k0(sused, first[0] + step) // 32 + ct % 8 // 4, ct % 8)]), 16, T.uint32(16))
         T.ptx["cp.async.commit_group"]()
 
     run = wgmma_mainloop(knobs, NB, issue)
@@ -293,16 +540,17 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                     first = T.decl_buffer((1,), "int32", scope="local")  # ... from this listed step on
                     first[0] = sused[G] * SPG * (by % KB) // KB
                     nst[0] = sused[G] * SPG * (by % KB + 1) // KB - first[0]
-                    run(xs, base, desc, acc, nst[0], tid, a, w, sused, first, bt, by // KB, tid, n)
-                    for j in T.unroll(NB // 8):
-                        for e in T.unroll(4):
-                            if bt * BT + _acc_row(tid, e) < nn(n):
-                                if KB > 1:
-                                    ws[(by % KB * nn(n) + bt * BT + _acc_row(tid, e)) * N + by // KB * NB
-                                       + _acc_col(j, tid, e)] = acc[4 * j + e]
-                                else:
-                                    out[bt * BT + _acc_row(tid, e), by // KB * NB + _acc_col(j, tid, e)] = \
-                                        T.Cast("float16", acc[4 * j + e])
+                    run(xs, base, desc, acc, nst[0], tid, a, w, sused, first, bt, by // KB, tid - ring.copier0, n)
+                    if tid < ring.consumers:  # the warpgroups (always, without producer warps)
+                        for j in T.unroll(NB // 8):
+                            for e in T.unroll(4):
+                                if bt * BT + _acc_row(tid, e) < nn(n):
+                                    if KB > 1:
+                                        ws[(by % KB * nn(n) + bt * BT + _acc_row(tid, e)) * N + by // KB * NB
+                                           + _acc_col(j, tid, e)] = acc[4 * j + e]
+                                    else:
+                                        out[bt * BT + _acc_row(tid, e), by // KB * NB + _acc_col(j, tid, e)] = \
+                                            T.Cast("float16", acc[4 * j + e])
 
     @T.macro
     def body(a, w, mask, used, out, n):

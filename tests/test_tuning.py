@@ -216,7 +216,8 @@ def test_sweep_knob_names_match_the_kernels():
     assert TILE_BUCKETS == tile_gemm.TILE_BUCKETS
     down = next(w for w in LLAMA_8B if w.kind == "gemm_k")
     assert variants(down, 64) == K_VARIANTS  # the direct kernels; past them the tile kernels (wgmma on sm_90a)
-    assert variants(down, 65) == TILE_VARIANTS + WGMMA_VARIANTS and variants(down, 65, False) == TILE_VARIANTS
+    on_grid = tuple(v for v in WGMMA_VARIANTS if len(v) < 7)  # the persistent-grid ones are gemm_mn's alone
+    assert variants(down, 65) == TILE_VARIANTS + on_grid and variants(down, 65, False) == TILE_VARIANTS
     for w in LLAMA_8B:  # the GPU host's shape test agrees with the kernels' own
         for v in WGMMA_VARIANTS:
             mn = w.kind == "gemm_mn"
@@ -227,3 +228,11 @@ def test_sweep_knob_names_match_the_kernels():
                 built = False
             assert wgmma_fits(w, v) == built, (w.name, v)
     assert variant_name(down, 512, TILE_VARIANTS[1]) == "t128r1s3p1" and tile_name(TILE_VARIANTS[0]) == "gemv64"
+    from wide_tvm.bench.workloads import swept_variants
+
+    # what a `--sweep tiles` / `--sweep wgmma` build holds: nothing for the direct kernels' token counts
+    assert swept_variants(down, 64, True, "tiles") == () == swept_variants(down, 64, True, "wgmma")
+    assert swept_variants(down, 64, True, "all") == K_VARIANTS
+    assert swept_variants(down, 65, True, "wgmma") == on_grid  # down g128 takes every per-tile wgmma candidate
+    assert swept_variants(down, 65, False, "wgmma") == ()  # a target without wgmma: nothing to sweep
+    assert swept_variants(down, 65, True, "tiles") == variants(down, 65)

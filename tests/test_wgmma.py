@@ -16,7 +16,8 @@ import tvm  # noqa: E402
 from wide_tvm.errors import WideError  # noqa: E402
 from wide_tvm.schedules import gemm_k, gemm_mn  # noqa: E402
 from wide_tvm.schedules.tile_gemm import DEFAULT_TILES, GEMV_TILES, TileKnobs, tile_knob, tile_knobs  # noqa: E402
-from wide_tvm.schedules.wgmma_gemm import WGMMA_TILES, check_wgmma_shape, ring_bytes, wgmma_n  # noqa: E402
+from wide_tvm.schedules.wgmma_gemm import (WGMMA_TILES, check_wgmma_shape, ring_bytes, ring_layout,  # noqa: E402
+                                           wgmma_n)
 from wide_tvm.targets import has_wgmma, parse_target, target_folder  # noqa: E402
 
 
@@ -25,9 +26,16 @@ def test_wgmma_knobs_parse_name_and_validate():
     assert tile_knob(["wgmma", 64, 2, 5]).name() == "wg64n128s5"
     assert tile_knob(["wgmma", 128, 2, 6, 4]) == TileKnobs(128, 2, 6, 1, "wgmma", 4)
     assert tile_knob(["wgmma", 128, 2, 6, 4]).name() == "wg128n128s6k4"
+    assert tile_knob(["wgmma", 128, 4, 4, 1, 1]) == TileKnobs(128, 4, 4, 1, "wgmma", 1, 1)  # one producer warp
+    assert tile_knob(["wgmma", 128, 4, 4, 1, 1]).name() == "wg128n256s4p1"
+    assert tile_knob(["wgmma", 128, 2, 6, 4, 2]).name() == "wg128n128s6k4p2"
+    assert tile_knob(["wgmma", 128, 4, 4, 1, 4, 132]).name() == "wg128n256s4p4x132"  # a persistent grid of 132
     for bad, why in ((["wgmma", 192, 4, 3], "tokens must be one of"), (["wgmma", 128, 5, 4], "rows 1..4"),
                      (["wgmma", 128, 4, 2], "stages >= 3"), (["wgmma", 128, 4], "expected \\['wgmma'"),
-                     (["wgmma", 128, 4, 4, 0], "ksplit >= 1"), ([128, 1, 3, 1, "smem", 2], "only the wgmma gemm_k")):
+                     (["wgmma", 128, 4, 4, 0], "ksplit >= 1"), (["wgmma", 128, 4, 4, 1, 3], "producer warps one of"),
+                     (["wgmma", 128, 4, 4, 1, 0, 132], "persistent grid needs producer warps"),
+                     ([128, 1, 3, 1, "smem", 2], "only the wgmma GEMMs"),
+                     ([128, 1, 3, 1, "smem", 1, 1], "only the wgmma GEMMs")):
         with pytest.raises(ValueError, match=why):
             tile_knob(bad)
     # a target without wgmma (not sm_90a) keeps the other picks and gets the mma.sync tile GEMM for wgmma ones
@@ -41,6 +49,10 @@ def test_wgmma_tiles_and_shared_memory():
     assert wgmma_n(32, True, WGMMA_TILES) == (64, 32)  # a 32-channel group: N 64
     assert wgmma_n(512, False, WGMMA_TILES) == (256, 256)  # Q: two blocks per 512-channel group
     assert ring_bytes(WGMMA_TILES, 256) == 4 * (128 + 256) * 128 + 1024  # 4 stages of 48 KB, under the 227 KB
+    ws = TileKnobs(128, 4, 4, 1, "wgmma", 1, 1)
+    assert ring_bytes(ws, 256) == ring_bytes(WGMMA_TILES, 256) + 4 * 16  # + a full and an empty mbarrier a stage
+    assert ring_layout(ws, 256) == (288, 256, 32, 128 * 128, (128 + 256) * 128)  # 2 warpgroups + 1 producer warp
+    assert ring_layout(WGMMA_TILES, 256).copiers == 256 and ring_layout(ws, 256).copier0 == 256
     with pytest.raises(ValueError, match="group size that is a multiple of 64"):
         check_wgmma_shape(32, 4096, WGMMA_TILES)  # gemm_k: group slices must be whole 64-wide K steps
     with pytest.raises(ValueError, match="K a multiple of 64"):
@@ -49,6 +61,8 @@ def test_wgmma_tiles_and_shared_memory():
         check_wgmma_shape(128, 4096, TileKnobs(), True)
     with pytest.raises(ValueError, match="only the wgmma gemm_k splits K"):
         check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 2), True)
+    with pytest.raises(ValueError, match="only the wgmma gemm_mn runs on a persistent grid"):
+        check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 1, 4, 132))
 
 
 def test_hopper_targets_get_wgmma():
@@ -91,10 +105,11 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
     funcs = {}
     for i, v in enumerate(WGMMA_VARIANTS):
         kn = (tile_knob(v),) * 3
-        if len(v) < 5:  # gemm_mn does not split K
+        if len(v) < 5 or v[4] == 1:  # gemm_mn does not split K
             funcs[f"mn{i}"] = gemm_mn(4, 64, 128, "float16", "tc", True, "cuda", tile_knobs=kn)
             funcs[f"q{i}"] = gemm_mn(2, 512, 64, "float16", "tc", False, "cuda", tile_knobs=kn)
-        funcs[f"k{i}"] = gemm_k(3, 64, 256, "float16", "tc", "cuda", tile_knobs=kn)
+        if len(v) < 7:  # only gemm_mn runs on a persistent grid
+            funcs[f"k{i}"] = gemm_k(3, 64, 256, "float16", "tc", "cuda", tile_knobs=kn)
     funcs["mn32"] = gemm_mn(6, 32, 64, "float16", "tc", True, "cuda", tile_knobs=(WGMMA_TILES,) * 3)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})  # a plain sm_90 target, not through parse_target
     with target:
@@ -104,5 +119,8 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
         assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16" in src
     assert "wgmma.wait_group.sync.aligned 1;" in src and "fence.proxy.async.shared::cta;" in src
     assert "cp.async.cg.shared.global [%0], [%1], 16, %2;" in src and "extern __shared__" in src
+    # warp-specialised variants: producer copies complete on mbarriers the warpgroups wait for
+    assert "cp.async.mbarrier.arrive.noinc.shared::cta.b64" in src and "mbarrier.try_wait.parity" in src
+    assert "__launch_bounds__(384)" in src  # 2 warpgroups + 4 producer warps
     lib.export_library(str(tmp_path / "wg.so"))
     assert b"sm_90a" in open(tmp_path / "wg.so", "rb").read()  # built for Hopper's arch-specific features

@@ -1,6 +1,6 @@
 """Build, on a machine without a GPU, everything tools/gpu_check.py runs on the H200.
 
-    python tools/build_gpu_check.py OUT_DIR
+    python tools/build_gpu_check.py OUT_DIR [--only REGEX]
 
 writes OUT_DIR/example.so (+ .weights.npz, the bundled example compiled for cuda: sm_90, device code sm_90a),
 OUT_DIR/kernels.so (each kernel configuration below) and OUT_DIR/kernels.json (their specs).
@@ -8,9 +8,10 @@ OUT_DIR/kernels.so (each kernel configuration below) and OUT_DIR/kernels.json (t
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
+import re
 
 from wide_tvm.cuda_aot import prepare_cuda_aot
 
@@ -104,6 +105,22 @@ KERNELS = [
     ("gemm_k", 112, 128, 4096, "float16", "tc", None, ("wgmma", 128, 2, 6, 4)),
     ("gemm_k", 8, 512, 4096, "float16", "tc", None, ("wgmma", 64, 4, 5, 4)),
     ("gemm_k", 3, 64, 256, "float16", "tc", None, ("wgmma", 64, 4, 5, 3)),
+    # ... warp-specialised (producer warps, mbarrier-handed ring stages): one K step (fewer than the stages),
+    # two producer warps, split K with blocks that get no step at all
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 1)),
+    ("gemm_mn_swiglu", 6, 32, 64, "float16", "tc", None, ("wgmma", 64, 4, 5, 1, 1)),
+    ("gemm_mn_swiglu", 4, 64, 128, "float16", "tc", None, ("wgmma", 128, 2, 4, 1, 2)),
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 128, 2, 6, 1, 1)),
+    ("gemm_k", 112, 128, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 1)),
+    ("gemm_k", 3, 64, 256, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 2)),
+    ("gemm_k", 8, 512, 4096, "float16", "tc", None, ("wgmma", 64, 4, 5, 4, 1)),
+    ("gemm_k", 3, 64, 256, "float16", "tc", None, ("wgmma", 64, 4, 5, 3, 1)),
+    # ... gemm_mn on a persistent grid: one ring through a block's tiles (one K step each, fewer than the stages,
+    # with 3 blocks for many tiles), two column blocks per group (Q), two producer warps
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 4, 132)),
+    ("gemm_mn_swiglu", 6, 32, 64, "float16", "tc", None, ("wgmma", 64, 4, 5, 1, 4, 3)),
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 128, 2, 4, 1, 4, 132)),
+    ("gemm_mn_swiglu", 4, 64, 128, "float16", "tc", None, ("wgmma", 128, 2, 4, 1, 2, 5)),
 ]
 
 
@@ -130,8 +147,17 @@ def build_wgmma_example(out_dir: str, cfg: WideConfig, fp16_path: str) -> None:
     compiled.export(os.path.join(out_dir, "example_fp16_wgmma.so"))
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, only: str | None = None) -> None:
+    """only: a regular expression; when given, build just the kernel cases whose knob name matches it (no
+    example models), e.g. to check new kernels on the GPU without the 10-minute full build."""
     os.makedirs(out_dir, exist_ok=True)
+    if only is None:
+        build_examples(out_dir)
+    build_kernels(out_dir, only)
+
+
+def build_examples(out_dir: str) -> None:
+    """The example models (fp32, dense, fp16, fp16 on wgmma) and the tiny Llama checkpoint, compiled."""
     model_path = os.path.join(out_dir, "example.pt2")
     cfg = WideConfig()
     export_model(build_example(cfg), example_inputs(cfg), model_path)
@@ -155,21 +181,31 @@ def main(out_dir: str) -> None:
     for name in os.listdir(ckpt_dir):  # the checkpoint itself is not needed on the GPU host
         os.remove(os.path.join(ckpt_dir, name))
     os.rmdir(ckpt_dir)
+
+
+def build_kernels(out_dir: str, only: str | None) -> None:
+    """OUT_DIR/kernels.so + kernels.json: the KERNELS cases (those whose knob name matches `only`, if given)."""
     target = parse_target("cuda")
     funcs, specs = {}, []
     for i, spec in enumerate(KERNELS):
         name = f"k{i}_{spec[0]}"
+        knobs = ((GemvKnobs(*spec[6]).name() if len(spec) > 6 and spec[6] else "")
+                 + (tile_knob(spec[7]).name() if len(spec) > 7 else ""))
+        if only is not None and not re.search(only, knobs):
+            continue
         funcs[name] = kernel_func(*spec).with_attr("global_symbol", name)
         specs.append({"name": name, "kind": spec[0], "groups": spec[1], "group_size": spec[2], "dim": spec[3],
-                      "dtype": spec[4], "layout": spec[5],
-                      "knobs": (GemvKnobs(*spec[6]).name() if len(spec) > 6 and spec[6] else "")
-                      + (tile_knob(spec[7]).name() if len(spec) > 7 else "")})
+                      "dtype": spec[4], "layout": spec[5], "knobs": knobs})
     with target:
         tvm.compile(tvm.IRModule(funcs), target).export_library(os.path.join(out_dir, "kernels.so"))
     with open(os.path.join(out_dir, "kernels.json"), "w") as f:
-        json.dump({"config": json.loads(cfg.to_json()), "kernels": specs}, f, indent=1)
-    print(f"wrote {out_dir}/example.so, kernels.so, kernels.json")
+        json.dump({"config": json.loads(WideConfig().to_json()), "kernels": specs}, f, indent=1)
+    print(f"wrote {out_dir}/kernels.so, kernels.json ({len(specs)} kernel cases)")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "gpu_check")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir", nargs="?", default="gpu_check")
+    parser.add_argument("--only", metavar="REGEX", help="only the kernel cases whose knob name matches (no examples)")
+    args = parser.parse_args()
+    main(args.out_dir, args.only)

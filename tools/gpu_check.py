@@ -100,7 +100,11 @@ def check_kernels(build_dir: str, rows: list) -> None:
             n = g * gs
             wshape = (dim, n) if layout == "kn" else (n, dim)
             wg, wu = (randn(*wshape, dtype=dtype, scale=1 / np.sqrt(dim)) for _ in range(2))
-        for t in TOKENS if not big else (1, 4, 8, 9, 16, 17, 31, 32, 33, 47, 64, 65, 130, 300):
+        if spec["kind"] == "mask_reorder":  # also past one 4096-token round of the parallel partition
+            counts_to_check = TOKENS + (4095, 4096, 4097, 9000)
+        else:
+            counts_to_check = TOKENS if not big else (1, 4, 8, 9, 16, 17, 31, 32, 33, 47, 64, 65, 130, 300)
+        for t in counts_to_check:
             for kind in MASK_KINDS:
                 mask_np = make_mask(kind, t, g, rng)
                 mask = torch.from_numpy(mask_np).cuda()
@@ -110,7 +114,9 @@ def check_kernels(build_dir: str, rows: list) -> None:
                     order = torch.empty(g, t, dtype=torch.int32, device="cuda")
                     used = torch.full((g + 1,), -1, dtype=torch.int32, device="cuda")
                     fn(tv(mask), tv(counts), tv(order), tv(used))
-                    ok = torch.equal(counts, rc) and torch.equal(order, ro) and torch.equal(used, ru)
+                    # the used-group list is written up to SERIAL_TOKENS (16) tokens: past that, the CUDA kernels
+                    # take the groups in natural order (schedules/mask_reorder.py; not importable here)
+                    ok = torch.equal(counts, rc) and torch.equal(order, ro) and (t > 16 or torch.equal(used, ru))
                     rows.append({"what": spec["name"], "tokens": t, "mask": kind, "rel_err": 0.0 if ok else 1.0,
                                  "deterministic": True})
                     continue
@@ -143,11 +149,12 @@ def main() -> None:
 
     _ensure_cuda_runtime(tvm)
     rows: list = []
-    check_example(args.build_dir, rows)
-    check_example(args.build_dir, rows, "example_dense")
-    check_example(args.build_dir, rows, "hf_llama")
-    check_example(args.build_dir, rows, "example_fp16")
-    check_example(args.build_dir, rows, "example_fp16_wgmma")  # its gate/up on the wgmma GEMM past 32 tokens
+    if os.path.exists(os.path.join(args.build_dir, "example.so")):  # not in a `build_gpu_check.py --only` build
+        check_example(args.build_dir, rows)
+        check_example(args.build_dir, rows, "example_dense")
+        check_example(args.build_dir, rows, "hf_llama")
+        check_example(args.build_dir, rows, "example_fp16")
+        check_example(args.build_dir, rows, "example_fp16_wgmma")  # its gate/up on the wgmma GEMM past 32 tokens
     check_kernels(args.build_dir, rows)
     worst: dict = {}
     for r in rows:

@@ -136,8 +136,9 @@ def bench_main(argv=None) -> int:
     b = sub.add_parser("build", help="compile the benchmark kernels (no GPU needed)")
     b.add_argument("dir")
     b.add_argument("--target", default="cuda")
-    b.add_argument("--sweep", nargs="?", const="all", choices=("all", "tiles"),
-                   help="also build every knob candidate (all), or the many-token tile kernels' alone (tiles)")
+    b.add_argument("--sweep", nargs="?", const="all", choices=("all", "tiles", "wgmma"),
+                   help="also build every knob candidate (all), the many-token tile kernels' alone (tiles), or the "
+                        "Hopper wgmma GEMMs' alone (wgmma)")
     r = sub.add_parser("run", help="time them on the GPU (TVM runtime only); writes JSON")
     r.add_argument("dir")
     r.add_argument("--json", required=True)

@@ -25,9 +25,9 @@ from ..schedules import gemm_k, gemm_mn, mask_reorder  # noqa: E402
 from ..targets import has_wgmma, parse_target, target_folder  # noqa: E402
 from ..schedules.gemv import DECODE_BUCKETS, GemvKnobs, decode_knobs, supports_k, supports_mn  # noqa: E402
 from ..schedules.tile_gemm import DEFAULT_TILES, tile_knob, tile_knobs  # noqa: E402
-from .workloads import LLAMA_8B, Workload, variants  # noqa: E402
+from .workloads import LLAMA_8B, Workload, swept_variants, variants  # noqa: E402
 
-SWEEPS = ("all", "tiles")  # --sweep: every knob candidate, or the many-token (tile) kernels' alone
+SWEEPS = ("all", "tiles", "wgmma")  # --sweep: every knob candidate, the many-token (tile) kernels', or the wgmma ones
 
 
 def weight_layout_for(w: Workload, target_kind: str) -> str:
@@ -59,8 +59,8 @@ def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None
 
 def our_kernels(workloads: list[Workload], target_kind: str, sweep: str | None = None, tuned: dict | None = None,
                 wgmma: bool = False) -> dict:
-    """Our kernels (tuned knobs where `tuned` has them), their mask reorders and, with `sweep` ("all" or
-    "tiles", see SWEEPS), one kernel per knob candidate (wgmma tile candidates where `wgmma`)."""
+    """Our kernels (tuned knobs where `tuned` has them), their mask reorders and, with `sweep` (one of SWEEPS),
+    one kernel per knob candidate (wgmma tile candidates where `wgmma`)."""
     funcs = {}
     for w in workloads:
         funcs[w.kernel] = _kernel(w, target_kind, tuned=tuned, wgmma=wgmma).with_attr("global_symbol", w.kernel)
@@ -71,7 +71,7 @@ def our_kernels(workloads: list[Workload], target_kind: str, sweep: str | None =
                 knobs = GemvKnobs(*v)
                 name = f"{w.kernel}_{knobs.name()}"
                 funcs[name] = _kernel(w, target_kind, knobs, wgmma=wgmma).with_attr("global_symbol", name)
-            for v in variants(w, w.direct_tokens + 1, wgmma):
+            for v in swept_variants(w, w.direct_tokens + 1, wgmma, sweep):
                 name = f"{w.kernel}_{tile_knob(v).name()}"
                 funcs[name] = _kernel(w, target_kind, tuned=tuned, tile=v).with_attr("global_symbol", name)
     return funcs

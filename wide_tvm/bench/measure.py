@@ -18,7 +18,7 @@ import numpy as np
 from ..kernel_reference import make_mask
 from ..weight_layout import pack
 from .workloads import (DECODE_BUCKETS, MASKS, PREFILL_SWEEP_TOKENS, SPARSITIES, SWEEP_TOKENS, TOKENS, Workload,
-                        tile_bucket, variant_name, variants)
+                        swept_variants, tile_bucket, variant_name)
 
 
 TIMERS = ("events", "do_bench")
@@ -270,7 +270,8 @@ def sweep(build_dir: str, tokens=SWEEP_TOKENS + PREFILL_SWEEP_TOKENS, sparsity: 
         w = Workload(**wj)
         weights = _rotating_weights(w, l2, tv, spec.get("layouts", {}).get(w.name, "nk"))
         for m in tokens:
-            if spec.get("sweep") == "tiles" and m <= w.direct_tokens:  # a build of the tile candidates alone
+            cands = swept_variants(w, m, spec.get("wgmma", False), spec.get("sweep"))
+            if not cands:  # a build of the tile (or wgmma) candidates alone
                 continue
             mask = torch.from_numpy(make_mask("random", m, w.groups, rng, sparsity)).cuda()
             r_args = _reorder_args(w, mask, tv)
@@ -278,7 +279,6 @@ def sweep(build_dir: str, tokens=SWEEP_TOKENS + PREFILL_SWEEP_TOKENS, sparsity: 
             xt_torch = torch.randn(m, w.k, device="cuda").half()
             out_torch = torch.empty(m, w.n, dtype=torch.float16, device="cuda")
             xt, out = tv(xt_torch), tv(out_torch)
-            cands = variants(w, m, spec.get("wgmma", False))
             fns = [ours[f"{w.kernel}_{variant_name(w, m, v)}"] for v in cands]  # schedules is not importable here
             times = timer(*[lambda fn=fn: _launch(fn, w, xt, weights(), r_args, out) for fn in fns])
             for v, fn, t in zip(cands, fns, times if len(fns) > 1 else [times]):

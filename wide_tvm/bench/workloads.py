@@ -89,10 +89,16 @@ K_VARIANTS = ((16, 2), (16, 4), (32, 1), (32, 2), (8, 2, 2), (16, 2, 2), (16, 1,
 # weight chunks prefetched). The sweep picks one per bucket (TILE_BUCKETS) from its PREFILL_SWEEP_TOKENS timings.
 TILE_VARIANTS = (("gemv",), (128, 1, 3, 1), (64, 1, 3, 1), (128, 2, 3, 1), (64, 2, 3, 1), (128, 1, 4, 2),
                  (128, 2, 4, 2), (64, 2, 4, 2), (128, 1, 2, 1))
-# The Hopper wgmma tile GEMMs ("wgmma", tokens per block, wgmma N / 64, ring stages[, blocks splitting K]), sm_90a;
-# gemm_k needs groups of whole 64-wide K steps, and only gemm_k splits K (schedules.wgmma_gemm)
+# The Hopper wgmma tile GEMMs ("wgmma", tokens per block, wgmma N / 64, ring stages[, blocks splitting K[, producer
+# warps[, persistent blocks]]]), sm_90a; gemm_k needs groups of whole 64-wide K steps, and only gemm_k splits K (schedules.wgmma_gemm)
 WGMMA_VARIANTS = (("wgmma", 128, 4, 4), ("wgmma", 128, 2, 4), ("wgmma", 128, 2, 6), ("wgmma", 64, 4, 5),
-                  ("wgmma", 128, 4, 4, 2), ("wgmma", 128, 2, 6, 4), ("wgmma", 64, 4, 5, 4))
+                  ("wgmma", 128, 4, 4, 2), ("wgmma", 128, 2, 6, 4), ("wgmma", 64, 4, 5, 4),
+                  # warp-specialised: a producer warp per SM sub-partition fills the ring, the warpgroups only wait
+                  # and multiply (1 or 2 producer warps were slower: docs/results/sweep_h200_wgmma_ws12.json)
+                  ("wgmma", 128, 4, 4, 1, 4), ("wgmma", 128, 2, 4, 1, 4), ("wgmma", 128, 2, 6, 1, 4),
+                  # ... on a persistent grid of one block per H200 SM (gemm_mn): one ring through all of a block's
+                  # tiles, no blocks for tiles past a group's count
+                  ("wgmma", 128, 4, 4, 1, 4, 132), ("wgmma", 128, 2, 4, 1, 4, 132))
 TILE_BUCKETS = (128, 512)  # = schedules.tile_gemm.TILE_BUCKETS
 TILE_SWEEP_BUCKETS = tuple(f"tiles{b}" for b in TILE_BUCKETS) + ("tiles",)  # their names in a sweep's picks
 PREFILL_SWEEP_TOKENS = (65, 128, 256, 512, 1024, 4096)
@@ -106,18 +112,30 @@ def variants(w: Workload, tokens: int = 1, wgmma: bool = True) -> tuple:
     return MN_VARIANTS if w.kind == "gemm_mn" else K_VARIANTS
 
 
+def swept_variants(w: Workload, tokens: int, wgmma: bool, sweep: str | None) -> tuple:
+    """The candidates a `wide-bench build --sweep SWEEP` directory holds for the kernel that runs `tokens` tokens:
+    variants(), or with sweep "wgmma" only the wgmma GEMMs' (none below the direct kernels' bound)."""
+    cands = variants(w, tokens, wgmma)
+    if sweep == "wgmma":
+        return tuple(v for v in cands if v[0] == "wgmma") if tokens > w.direct_tokens else ()
+    if sweep == "tiles" and tokens <= w.direct_tokens:
+        return ()
+    return cands
+
+
 def wgmma_fits(w: Workload, v: tuple) -> bool:
     """Whether schedules.wgmma_gemm builds `w` with wgmma tile knobs v (its check_wgmma_shape, without importing
     the kernels): 64-wide K steps, and for gemm_k whole steps per group and N in wgmma N tiles."""
     if w.kind == "gemm_mn":
-        return w.k % 64 == 0 and w.group_size % 16 == 0 and len(v) < 5
-    return w.group_size % 64 == 0 and w.n % (64 * v[2]) == 0
+        return w.k % 64 == 0 and w.group_size % 16 == 0 and (len(v) < 5 or v[4] == 1)
+    return w.group_size % 64 == 0 and w.n % (64 * v[2]) == 0 and (len(v) < 7 or not v[6])
 
 
 def tile_name(v: tuple) -> str:
     """schedules.tile_gemm.tile_knob(v).name(), without importing the kernels."""
     if v[0] == "wgmma":
-        return f"wg{v[1]}n{64 * v[2]}s{v[3]}" + (f"k{v[4]}" if len(v) > 4 and v[4] > 1 else "")
+        return (f"wg{v[1]}n{64 * v[2]}s{v[3]}" + (f"k{v[4]}" if len(v) > 4 and v[4] > 1 else "")
+                + (f"p{v[5]}" if len(v) > 5 and v[5] else "") + (f"x{v[6]}" if len(v) > 6 and v[6] else ""))
     return "gemv64" if v == ("gemv",) else "t{}r{}s{}p{}".format(*v)
 
 

@@ -28,6 +28,17 @@ def _popc(x):
     return T.call_pure_extern("int32", "__popc", x)
 
 
+@T.macro
+def block_scan(scan, reg, tx, steps):
+    """Inclusive Hillis-Steele scan of the shared scan[0 .. threads) by the block's `threads` threads (tx), in
+    steps >= log2(threads) rounds; reg (local) [1] is scratch. Every thread calls it: its barriers are block-wide."""
+    for s in T.unroll(steps):
+        reg[1] = T.Select(tx >= (1 << s), scan[T.max(tx - (1 << s), 0)], 0)
+        T.tvm_storage_sync("shared")
+        scan[tx] = scan[tx] + reg[1]
+        T.tvm_storage_sync("shared")
+
+
 def mask_reorder(groups: int, target_kind: str, direct_tokens: int = 0) -> tirx.PrimFunc:
     """mask [n, G] int32 (nonzero = execute) -> counts [G], order [G, n], used [G + 1] (all int32).
 
@@ -71,15 +82,6 @@ def mask_reorder(groups: int, target_kind: str, direct_tokens: int = 0) -> tirx.
             raise ValueError(f"mask_reorder on CUDA supports at most 1024 groups, got {G}")
         threads = 1 << max(5, (G - 1).bit_length())
         log_t = threads.bit_length() - 1
-
-        @T.macro
-        def block_scan(scan, reg, tx, steps):
-            """Inclusive Hillis-Steele scan of scan[0 .. 2**steps) by as many threads; reg[1] is scratch."""
-            for s in T.unroll(steps):
-                reg[1] = T.Select(tx >= (1 << s), scan[T.max(tx - (1 << s), 0)], 0)
-                T.tvm_storage_sync("shared")
-                scan[tx] = scan[tx] + reg[1]
-                T.tvm_storage_sync("shared")
 
         @T.macro
         def partition_bits(mask, counts, order, g, n, flag):

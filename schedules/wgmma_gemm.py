@@ -36,6 +36,7 @@ from tvm.script import tirx as T
 
 from ..targets import hopper_device_code
 from .gemv import ROWS, _sum_k_splits, _used_groups, bit_words, token_runs
+from .mask_reorder import block_scan
 from .tile_gemm import TileKnobs, check_tile_knobs
 
 hopper_device_code()  # these kernels need sm_90a device code, whichever way an sm_90 target reaches the compiler
@@ -44,6 +45,7 @@ KSTEP = 64  # K per ring stage: one 128-byte swizzle span of fp16
 SWIZZLE_128B = 3  # the descriptor's swizzle code for 128 bytes
 SBO_16B = 1024 // 16  # descriptor stride between 8-row core-matrix groups, in 16-byte units
 ALIGN = 1024  # bytes: a 128-byte-swizzled tile starts on an 8-row x 128-byte boundary
+MBARRIER_BYTES = 8  # one mbarrier; a warp-specialised ring has two a stage (full, empty), past the stages
 # 2 warpgroups x N 256 (rows x 64), a 4-deep ring: 192 KB of shared memory, one block per SM
 WGMMA_TILES = TileKnobs(tokens=128, rows=4, stages=4, kernel="wgmma")
 
@@ -219,7 +221,7 @@ def specialised_stages(knobs: TileKnobs, nb: int, issue):
     ring = ring_layout(knobs, nb)
 
     def bar(xs, base, i):
-        return xs.ptr_to([(base[0] + S * ring.stage + 8 * i) // 2])
+        return xs.ptr_to([(base[0] + S * ring.stage + MBARRIER_BYTES * i) // 2])
 
     @T.macro
     def init(xs, base, tid):
@@ -267,8 +269,9 @@ def _acc_col(j, tid, e):
 
 
 def ring_bytes(knobs: TileKnobs, nb: int) -> int:
-    """Dynamic shared memory of one block: the ring plus the alignment slack."""
-    return knobs.stages * (ring_layout(knobs, nb).stage + (16 if knobs.producer else 0)) + ALIGN
+    """Dynamic shared memory of one block: the ring (and its mbarriers, with producer warps) plus the alignment
+    slack."""
+    return knobs.stages * (ring_layout(knobs, nb).stage + (2 * MBARRIER_BYTES if knobs.producer else 0)) + ALIGN
 
 
 def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs: TileKnobs = WGMMA_TILES):
@@ -393,17 +396,13 @@ def _persistent_mn_body(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: 
     @T.macro
     def tile_prefix(counts, pre, scan, reg, tid, n):
         """pre[g] = tiles of the groups before g (pre[G]: all), by block scans THREADS groups at a time."""
+        scr = T.decl_buffer((2,), "int32", scope="local")  # block_scan's scratch (its [1])
         reg[1] = 0  # tiles of earlier chunks
         for c in range((G + THREADS - 1) // THREADS):
             reg[0] = (T.min(counts[T.min(c * THREADS + tid, G - 1)], nn(n)) + BT - 1) // BT * BPG
             scan[tid] = T.Select(c * THREADS + tid < G, reg[0], 0)
             T.tvm_storage_sync("shared")
-            for st in T.unroll(LOG_T):  # inclusive Hillis-Steele scan
-                reg[0] = scan[T.max(tid - (1 << st), 0)]
-                reg[0] = T.Select(tid >= (1 << st), reg[0], 0)
-                T.tvm_storage_sync("shared")
-                scan[tid] = scan[tid] + reg[0]
-                T.tvm_storage_sync("shared")
+            block_scan(scan, scr, tid, LOG_T)
             reg[0] = scan[tid]
             if c * THREADS + tid < G:
                 pre[c * THREADS + tid + 1] = reg[1] + reg[0]

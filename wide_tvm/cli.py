@@ -130,13 +130,14 @@ def run_main(argv=None) -> int:
 
 def bench_main(argv=None) -> int:
     from .bench.measure import TIMERS
+    from .bench.workloads import SWEEPS
 
     p = argparse.ArgumentParser(prog="wide-bench", description="Gated kernels vs cuBLAS, TVM dense and the roofline.")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="compile the benchmark kernels (no GPU needed)")
     b.add_argument("dir")
     b.add_argument("--target", default="cuda")
-    b.add_argument("--sweep", nargs="?", const="all", choices=("all", "tiles", "wgmma"),
+    b.add_argument("--sweep", nargs="?", const="all", choices=SWEEPS,
                    help="also build every knob candidate (all), the many-token tile kernels' alone (tiles), or the "
                         "Hopper wgmma GEMMs' alone (wgmma)")
     r = sub.add_parser("run", help="time them on the GPU (TVM runtime only); writes JSON")

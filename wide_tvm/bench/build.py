@@ -25,9 +25,7 @@ from ..schedules import gemm_k, gemm_mn, mask_reorder  # noqa: E402
 from ..targets import has_wgmma, parse_target, target_folder  # noqa: E402
 from ..schedules.gemv import DECODE_BUCKETS, GemvKnobs, decode_knobs, supports_k, supports_mn  # noqa: E402
 from ..schedules.tile_gemm import DEFAULT_TILES, tile_knob, tile_knobs  # noqa: E402
-from .workloads import LLAMA_8B, Workload, swept_variants, variants  # noqa: E402
-
-SWEEPS = ("all", "tiles", "wgmma")  # --sweep: every knob candidate, the many-token (tile) kernels', or the wgmma ones
+from .workloads import LLAMA_8B, SWEEPS, Workload, swept_variants, variants  # noqa: E402
 
 
 def weight_layout_for(w: Workload, target_kind: str) -> str:

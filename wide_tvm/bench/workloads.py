@@ -90,7 +90,8 @@ K_VARIANTS = ((16, 2), (16, 4), (32, 1), (32, 2), (8, 2, 2), (16, 2, 2), (16, 1,
 TILE_VARIANTS = (("gemv",), (128, 1, 3, 1), (64, 1, 3, 1), (128, 2, 3, 1), (64, 2, 3, 1), (128, 1, 4, 2),
                  (128, 2, 4, 2), (64, 2, 4, 2), (128, 1, 2, 1))
 # The Hopper wgmma tile GEMMs ("wgmma", tokens per block, wgmma N / 64, ring stages[, blocks splitting K[, producer
-# warps[, persistent blocks]]]), sm_90a; gemm_k needs groups of whole 64-wide K steps, and only gemm_k splits K (schedules.wgmma_gemm)
+# warps[, persistent blocks]]]), sm_90a; gemm_k needs groups of whole 64-wide K steps, and only gemm_k splits K
+# (schedules.wgmma_gemm)
 WGMMA_VARIANTS = (("wgmma", 128, 4, 4), ("wgmma", 128, 2, 4), ("wgmma", 128, 2, 6), ("wgmma", 64, 4, 5),
                   ("wgmma", 128, 4, 4, 2), ("wgmma", 128, 2, 6, 4), ("wgmma", 64, 4, 5, 4),
                   # warp-specialised: a producer warp per SM sub-partition fills the ring, the warpgroups only wait
@@ -110,6 +111,9 @@ def variants(w: Workload, tokens: int = 1, wgmma: bool = True) -> tuple:
     if tokens > w.direct_tokens:
         return TILE_VARIANTS + (tuple(v for v in WGMMA_VARIANTS if wgmma_fits(w, v)) if wgmma else ())
     return MN_VARIANTS if w.kind == "gemm_mn" else K_VARIANTS
+
+
+SWEEPS = ("all", "tiles", "wgmma")  # --sweep: every knob candidate, the many-token (tile) kernels', or the wgmma ones
 
 
 def swept_variants(w: Workload, tokens: int, wgmma: bool, sweep: str | None) -> tuple:

@@ -141,6 +141,11 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
                         acc[t, c] = T.float32(0)
                 for j in range(used[G]):
                     tg[0] = used[j]
+                    if j + 1 < used[G]:  # the next group's gs x BN block: its rows are N apart, beyond the
+                        for k in range(gs):  # hardware prefetchers, so fetch it while this group computes
+                            for c0 in range((BN + 15) // 16):
+                                T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(
+                                    w[used[j + 1] * gs + k, task * BN + c0 * 16]), 0, 2, 1))
                     for i in range(counts[tg[0]]):
                         tg[1] = order[tg[0], i]
                         for c in T.vectorized(BN):

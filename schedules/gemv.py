@@ -80,8 +80,8 @@ DEFAULT_DECODE: DecodeKnobs = (GemvKnobs(),) * len(DECODE_BUCKETS)
 def decode_knobs(entries: list) -> DecodeKnobs:
     """Knobs per decode bucket from a tuning log's [[warps, unroll(, rows(, stages))], ...]. A log written
     before the 1-token bucket existed ([<= 8, <= 16]) gives its <= 8 knobs to 1 token as well; buckets a log
-    predates (32, 64 tokens) keep the defaults."""
-    knobs = tuple(GemvKnobs(*e) for e in entries)
+    predates (32, 64 tokens), and those given as None, keep the defaults."""
+    knobs = tuple(GemvKnobs() if e is None else GemvKnobs(*e) for e in entries)
     for k in knobs:
         counts = (k.warps, k.unroll, k.rows, k.row_warps, k.ksplit)
         if not all(isinstance(v, int) and v >= 1 for v in counts) or k.stages not in (0, *range(2, 9)):

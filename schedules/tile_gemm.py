@@ -88,9 +88,10 @@ def tile_knob(entry) -> TileKnobs:
 
 def tile_knobs(entry, wgmma: bool = True) -> tuple:
     """Knobs per TILE_BUCKETS bucket (and the last, unbounded one) from a tuning log's list of tile_knob entries
-    (the defaults when absent). Without `wgmma` (a target other than sm_90a) a wgmma pick becomes the
-    mma.sync tile GEMM's default."""
-    knobs = tuple(tile_knob(e) for e in entry) if entry else DEFAULT_TILES
+    (the defaults when absent, and for buckets given as None). Without `wgmma` (a target other than sm_90a) a
+    wgmma pick becomes the mma.sync tile GEMM's default."""
+    knobs = (tuple(DEFAULT_TILES[min(i, len(DEFAULT_TILES) - 1)] if e is None else tile_knob(e)
+                   for i, e in enumerate(entry)) if entry else DEFAULT_TILES)
     return knobs if wgmma else tuple(TileKnobs() if k.kernel == "wgmma" else k for k in knobs)
 
 

@@ -35,7 +35,7 @@ CPU_BUCKETS = (1, 16)  # CPU kernels: one tile per bucket (1 token, <= 16 tokens
 
 def cpu_tiles(tile, default: TileConfig) -> tuple[TileConfig, ...]:
     """One tile per CPU bucket (len(CPU_BUCKETS) + 1) from None (the default everywhere), one TileConfig
-    (every bucket) or a tuple with one per bucket."""
+    (every bucket) or a tuple with one per bucket (None: that bucket's default)."""
     if tile is None:
         tile = default
     if isinstance(tile, TileConfig):
@@ -44,7 +44,7 @@ def cpu_tiles(tile, default: TileConfig) -> tuple[TileConfig, ...]:
     if len(tiles) != len(CPU_BUCKETS) + 1:
         raise ValueError(f"{len(tiles)} CPU tiles; the CPU kernels have {len(CPU_BUCKETS) + 1} token buckets "
                          f"(<= {', <= '.join(map(str, CPU_BUCKETS))}, more)")
-    return tiles
+    return tuple(default if t is None else t for t in tiles)
 
 
 def cpu_kernels(tile, default: TileConfig, make_body):
@@ -56,10 +56,11 @@ def cpu_kernels(tile, default: TileConfig, make_body):
 
 
 def tiles_from_log(entry) -> TileConfig | tuple[TileConfig, ...]:
-    """The tiles of a tuning log's "cpu" entry: {"bm", "bn"} for every bucket, or a list of one per bucket."""
+    """The tiles of a tuning log's "cpu" entry: {"bm", "bn"} for every bucket, or a list of one per bucket
+    (None: the bucket's default)."""
     if isinstance(entry, dict):
         return TileConfig(**entry)
-    return tuple(TileConfig(**e) for e in entry)
+    return tuple(None if e is None else TileConfig(**e) for e in entry)
 
 
 def tile_dims(tile: TileConfig, width: int, what: str) -> tuple[int, int]:

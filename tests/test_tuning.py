@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import tvm
 from conftest import build_cpu
 
 import wide_tvm
@@ -75,17 +76,39 @@ def test_knob_file_merges_and_rejects_garbage(tmp_path):
 
 @pytest.mark.slow
 def test_wide_tune_cpu_resumes_and_compile_applies_it(exported, tmp_path, capsys):
+    """wide-tune runs MetaSchedule over every CPU knob task of the model into a JSON database; a rerun measures
+    only points not measured yet (and nothing once --trials are in), and wide-compile applies the fastest."""
+    from wide_tvm.knob_tuning import open_database
+    from wide_tvm.schedules.knob_space import knob_key, task_of
+
     path, model, cfg = exported("default", "onnx")
     out = str(tmp_path / "tl")
-    assert tune_main([path, "--target", "llvm", "--out", out]) == 0
+
+    def points():
+        keys = []
+        for rec in open_database(out).get_all_tuning_records():
+            assert max(float(s) for s in rec.run_secs) < 1e9  # every candidate built and ran
+            sch = tvm.s_tir.Schedule(rec.workload.mod)
+            rec.trace.apply_to_schedule(sch, remove_postproc=True)
+            keys.append((task_of(rec.workload.mod).name, knob_key(sch.mod)))
+        return keys
+
+    assert tune_main([path, "--target", "llvm", "--trials", "1", "--out", out]) == 0
+    assert len(points()) == 9  # gate/up, down, o_proj x 3 CPU token buckets
     entries = kernel_knobs.load(out)
-    assert len(entries) == 3 and all(len(e["cpu"]) == 3 for e in entries.values())  # gate/up, down, o_proj;
-    # one tile per CPU token bucket
+    assert len(entries) == 3 and all(None not in e["cpu"] and len(e["cpu"]) == 3 for e in entries.values())
+    assert tune_main([path, "--target", "llvm", "--trials", "2", "--out", out]) == 0  # resumes: one more each
+    assert len(points()) == 18 and len(set(points())) == 18
     capsys.readouterr()
-    assert tune_main([path, "--target", "llvm", "--out", out]) == 0  # resumes: nothing left to tune
-    assert "already tuned" in capsys.readouterr().out
-    doc = json.loads((tmp_path / "tl" / kernel_knobs.FILE).read_text())
-    assert doc["command"].startswith("wide-tune") and "llvm" in doc["target"]
+    assert tune_main([path, "--target", "llvm", "--trials", "2", "--out", out]) == 0  # nothing left to tune
+    assert capsys.readouterr().out.count("already tuned") == 9 and len(points()) == 18
+    assert tune_main(["--show", "--target", "llvm", "--out", out]) == 0
+    table = capsys.readouterr().out
+    assert table.count("| 2 / ") == 9 and "/cpu2 | 64 | 2 / " in table
+    runs = json.loads((tmp_path / "tl" / kernel_knobs.RUNS).read_text())
+    assert [len(r["tasks"]) for r in runs] == [9, 9, 0]
+    assert runs[0]["command"].startswith("wide-tune") and "--trials 1" in runs[0]["command"]
+    assert "llvm" in runs[0]["target"]
     compiled = wide_tvm.compile(path, "llvm", tuning_log=out)
     assert f"({len(entries)} kernel knob entries)" in compiled.summary()
     lib = compiled.export(str(tmp_path / "m.so"))
@@ -165,10 +188,14 @@ def test_wide_tune_from_gpu_sweep(tmp_path):
 def test_wide_tune_errors(exported, tmp_path, capsys):
     path, _, _ = exported("default", "onnx")
     assert tune_main([path, "--target", "cuda", "--out", str(tmp_path)]) == 2
-    assert "wide-bench run DIR --sweep" in capsys.readouterr().err
+    assert "run wide-tune on the GPU host" in capsys.readouterr().err
     assert tune_main(["--target", "llvm", "--out", str(tmp_path)]) == 2
     assert "give a MODEL" in capsys.readouterr().err
-    assert not (tmp_path / kernel_knobs.FILE).exists()
+    assert tune_main([path, "--target", "llvm", "--trials", "0", "--out", str(tmp_path)]) == 2
+    assert "--trials 0: give at least 1 trial" in capsys.readouterr().err
+    assert tune_main(["--target", "cuda", "--from-sweep", "s.json", "--trials", "3", "--out", str(tmp_path)]) == 2
+    assert "--from-sweep imports measurements" in capsys.readouterr().err
+    assert not (tmp_path / kernel_knobs.FILE).exists() and not (tmp_path / "database_workload.json").exists()
 
 
 def test_bench_report_table_and_plot(tmp_path):

@@ -215,18 +215,32 @@ def tune_main(argv=None) -> int:
     p.add_argument("model", nargs="?", help="MODEL.onnx or MODEL.pt2")
     p.add_argument("--target", default="llvm")
     p.add_argument("--out", help="tuning folder (default: tuning_logs/<target>/)")
-    p.add_argument("--force", action="store_true", help="re-tune kernels already in the folder")
+    p.add_argument("--trials", type=int, default=None,
+                   help="measured candidates per kernel and token bucket (default 16; fewer where the space is smaller)")
+    p.add_argument("--show", action="store_true", help="print the database's tasks and fastest records, tune nothing")
+    p.add_argument("--only", metavar="REGEX",
+                   help="tune only the tasks whose name matches, e.g. 'g112x128.*tile' (kernel key/space bucket)")
+    p.add_argument("--force", action="store_true",
+                   help="measure --trials more candidates even for kernels the database already covers")
     p.add_argument("--from-sweep", nargs="+", metavar="SWEEP_JSON",
                    help="import GPU timings from `wide-bench run --sweep` (cuda targets); later files win")
-    p.add_argument("--llama8b", action="store_true", help="tune the benchmark's Llama-3.1-8B FFN kernels (CPU)")
+    p.add_argument("--llama8b", action="store_true", help="tune the benchmark's Llama-3.1-8B kernels instead of a model's")
     args = p.parse_args(argv)
     try:
         from .compiler import REPO_TUNING_LOGS
         from .targets import parse_target, target_folder
-        from .tune import tune
+        from .tune import DEFAULT_TRIALS, tune
 
         out = args.out or str(REPO_TUNING_LOGS / target_folder(parse_target(args.target)))
-        print(f"wrote {tune(args.model, args.target, out, args.force, args.from_sweep, args.llama8b)}")
+        if args.show:
+            from .knob_tuning import summary
+
+            print(summary(out))
+            return 0
+        if args.from_sweep and args.trials is not None:
+            raise WideError("--trials sets MetaSchedule's search; --from-sweep imports measurements instead")
+        trials = DEFAULT_TRIALS if args.trials is None else args.trials
+        print(f"wrote {tune(args.model, args.target, out, args.force, args.from_sweep, args.llama8b, trials, args.only)}")
     except WideError as err:
         return _fail(err)
     return 0

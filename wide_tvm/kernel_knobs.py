@@ -23,18 +23,28 @@ def kernel_key(kind: str, groups: int, group_size: int, dim: int, dtype: str) ->
     return f"{kind}/g{groups}x{group_size}/d{dim}/{dtype}"
 
 
-def load(folder: str | None) -> dict:
-    """The knob entries of a tuning folder ({} when it has none)."""
+def load(folder: str | None, database: bool = True) -> dict:
+    """The knob entries of a tuning folder ({} when it has none): its kernel_knobs.json (GPU sweep imports),
+    with every token bucket its MetaSchedule database tuned replaced by the database's fastest record (unless
+    `database` is False)."""
     if not folder:
         return {}
+    entries = {}
     path = os.path.join(folder, FILE)
-    if not os.path.exists(path):
-        return {}
-    try:
-        with open(path) as f:
-            return json.load(f)["entries"]
-    except (OSError, ValueError, KeyError) as err:
-        raise WideError(f"{path}: not a kernel knob file ({err})") from None
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                entries = json.load(f)["entries"]
+        except (OSError, ValueError, KeyError) as err:
+            raise WideError(f"{path}: not a kernel knob file ({err})") from None
+    from .knob_tuning import RECORD_FILE, database_entries
+
+    if database and os.path.exists(os.path.join(folder, RECORD_FILE)):
+        try:
+            entries = database_entries(folder, entries)
+        except Exception as err:  # noqa: BLE001 - a damaged database names its folder, not a TVM traceback
+            raise WideError(f"{folder}: unreadable MetaSchedule database ({str(err).splitlines()[-1]})") from None
+    return entries
 
 
 def host_cpu() -> str:
@@ -59,5 +69,24 @@ def save(folder: str, entries: dict, target: str, command: str, hardware: str | 
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    return path
+
+
+RUNS = "tuning_runs.json"  # beside a MetaSchedule database: which wide-tune runs wrote it, where and how
+
+
+def record_run(folder: str, target: str, command: str, tasks: list[str], hardware: str | None = None) -> str:
+    """Append one wide-tune run (target, hardware, date, command, the tasks it tuned) to FOLDER/tuning_runs.json."""
+    path = os.path.join(folder, RUNS)
+    runs = []
+    if os.path.exists(path):
+        with open(path) as f:
+            runs = json.load(f)
+    runs.append({"target": target, "hardware": hardware or host_cpu(), "date": datetime.date.today().isoformat(),
+                 "command": command, "tasks": tasks})
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(runs, f, indent=1)
     os.replace(tmp, path)
     return path

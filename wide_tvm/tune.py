@@ -1,16 +1,15 @@
-"""wide-tune: measure the knob candidates of a model's gated kernels on the target, keep the fastest.
+"""wide-tune: MetaSchedule searches the knobs of a model's gated kernels on the target, per token bucket.
 
-The kernels' intra-block knobs (CPU: tokens per tile and vector width; CUDA decode kernels: warps
-splitting K and loads in flight) are searched by building every candidate and timing it on random
-inputs at bucketed token counts (symbolic token counts cannot be timed). Results are merged into
-`OUT/kernel_knobs.json`, which wide-compile applies; kernels already in that file are skipped unless
-`--force`, so an interrupted run resumes. CUDA candidates must be timed on a GPU: run wide-tune there,
-or time them with `wide-bench run --sweep` and import the result with `--from-sweep`.
+The kernels' intra-block knobs (CPU: tokens per tile and columns per task; CUDA: the direct kernels' warps,
+loads in flight, row tiles, cp.async ring and split-K, the many-token kernels' tile GEMM, wgmma shape, ring
+depth and producer warps) are a MetaSchedule search space (schedules/knob_space.py) timed at bucketed token
+counts (symbolic token counts cannot be timed). The records go to OUT/database_*.json, which wide-compile
+applies; a rerun continues from them. CUDA candidates must be timed on a GPU: run wide-tune there, or time the
+sweep's candidates with `wide-bench run --sweep` and import them with `--from-sweep` (OUT/kernel_knobs.json).
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from dataclasses import dataclass
@@ -20,9 +19,7 @@ import numpy as np
 from . import kernel_knobs
 from .errors import WideError
 
-CPU_BM = (1, 4, 8)
-CPU_BN = (8, 32, 64, 256)
-CPU_TOKENS = (1, 16, 64)  # token counts timed on the CPU, one per bucket (schedules.tiles.CPU_BUCKETS)
+DEFAULT_TRIALS = 16  # measured candidates per kernel and token bucket (fewer when its space is smaller)
 
 
 @dataclass(frozen=True)
@@ -65,13 +62,6 @@ def model_kernels(model: str, target: str) -> list[KernelSpec]:
     return sorted((s for s in specs if s is not None), key=lambda s: s.key)
 
 
-def _cpu_candidates(spec: KernelSpec) -> list:
-    from .schedules.tiles import TileConfig
-
-    width = spec.group_size if spec.kind != "gemm_k" else spec.dim
-    return [TileConfig(bm, bn) for bm, bn in itertools.product(CPU_BM, CPU_BN) if width % bn == 0]
-
-
 def _build_cpu(spec: KernelSpec, tile):
     import tvm
 
@@ -84,25 +74,6 @@ def _build_cpu(spec: KernelSpec, tile):
     return tvm.compile(f.with_attr("global_symbol", "main"), target="llvm")["main"]
 
 
-def _cpu_inputs(spec: KernelSpec, tokens: int, sparsity: float, rng):
-    import tvm
-
-    from .kernel_reference import make_mask, ref_mask_reorder
-
-    t = lambda a: tvm.runtime.tensor(np.ascontiguousarray(a))  # noqa: E731
-    mask = make_mask("random", tokens, spec.groups, rng, sparsity)
-    counts, order, used = ref_mask_reorder(mask)
-    k = spec.groups * spec.group_size
-    if spec.kind == "gemm_k":
-        w = rng.standard_normal((spec.dim, k) if spec.layout == "nk" else (k, spec.dim)).astype(spec.dtype)
-        return [t(rng.standard_normal((tokens, k)).astype(spec.dtype)), t(w), t(mask), t(counts), t(order), t(used),
-                t(np.zeros((tokens, spec.dim), spec.dtype))]
-    wshape = (k, spec.dim) if spec.layout == "nk" else (spec.dim, k)
-    return [t(rng.standard_normal((tokens, spec.dim)).astype(spec.dtype)),
-            t(rng.standard_normal(wshape).astype(spec.dtype)), t(rng.standard_normal(wshape).astype(spec.dtype)),
-            t(mask), t(counts), t(order), t(used), t(np.zeros((tokens, k), spec.dtype))]
-
-
 def time_call(fn, args, reps: int = 5) -> float:
     """Median wall time in microseconds (one warm-up call)."""
     fn(*args)
@@ -112,37 +83,6 @@ def time_call(fn, args, reps: int = 5) -> float:
         fn(*args)
         times.append(time.perf_counter() - t0)
     return float(np.median(times)) * 1e6
-
-
-def tune_cpu(specs: list[KernelSpec], done: dict, force: bool, progress) -> dict:
-    """Per kernel and CPU token bucket, the tile that runs that bucket's token count fastest."""
-    from .schedules.tiles import CPU_BUCKETS
-
-    bucket_of = [next((i for i, b in enumerate(CPU_BUCKETS) if m <= b), len(CPU_BUCKETS)) for m in CPU_TOKENS]
-    if sorted(set(bucket_of)) != list(range(len(CPU_BUCKETS) + 1)):
-        raise WideError(f"CPU_TOKENS {CPU_TOKENS} must time every CPU bucket {CPU_BUCKETS}")
-    rng = np.random.default_rng(0)
-    entries = {}
-    for spec in specs:
-        if spec.key in done and not force:
-            progress.console.print(f"{spec.key}: already tuned ({done[spec.key]}), skipped")
-            continue
-        cands = _cpu_candidates(spec)
-        task = progress.add_task(spec.key, total=len(cands))
-        inputs = [_cpu_inputs(spec, m, 0.5, rng) for m in CPU_TOKENS]
-        best = [None] * (len(CPU_BUCKETS) + 1)  # per bucket: (summed time of its token counts, tile)
-        for tile in cands:
-            fn = _build_cpu(spec, tile)
-            per_bucket = [0.0] * len(best)
-            for b, args in zip(bucket_of, inputs):
-                per_bucket[b] += time_call(fn, args)
-            for b, t in enumerate(per_bucket):
-                if best[b] is None or t < best[b][0]:
-                    best[b] = (t, tile)
-            progress.advance(task)
-        entries[spec.key] = {"cpu": [{"bm": tile.bm, "bn": tile.bn} for _, tile in best],
-                             "us": [round(t, 1) for t, _ in best], "tokens": list(CPU_TOKENS)}
-    return entries
 
 
 def from_sweep(paths: list[str]) -> dict:
@@ -175,12 +115,26 @@ def from_sweep(paths: list[str]) -> dict:
     return entries
 
 
-def bench_kernels() -> list[KernelSpec]:
-    """The CPU benchmark's Llama-3.1-8B FFN kernels (wide-bench cpu), for tuning without a model file."""
-    from .bench.cpu import CPU_WORKLOADS
-
+def bench_kernels(target_kind: str) -> list[KernelSpec]:
+    """The benchmark's Llama-3.1-8B kernels (wide-bench: the FFN in fp32 on the CPU; FFN and Q/O projections in
+    fp16 on CUDA), for tuning without a model file."""
+    if target_kind == "llvm":
+        from .bench.cpu import CPU_WORKLOADS as workloads
+    else:
+        from .bench.workloads import LLAMA_8B as workloads
     return [KernelSpec("gemm_mn_swiglu" if w.swiglu else w.kind, w.groups, w.group_size, w.dim, w.dtype,
-                       cpu_layout(w.kind)) for w in CPU_WORKLOADS]
+                       weight_layout(w.kind, w.group_size, w.dim, w.dtype, target_kind)) for w in workloads]
+
+
+def weight_layout(kind: str, group_size: int, dim: int, dtype: str, target_kind: str) -> str:
+    """The layout wide-compile stores a kernel's weights in: on the CPU gemm_k's folded to [K, N] (contiguous
+    groups); on CUDA tensor-core tiles where the shape fits (as LowerGatedLayers decides)."""
+    if target_kind == "llvm":
+        return cpu_layout(kind)
+    from .schedules.gemv import supports_k, supports_mn
+
+    fits = supports_k(group_size, dim, dtype) if kind == "gemm_k" else supports_mn(group_size, dim, dtype)
+    return "tc" if fits else "nk"
 
 
 def cpu_layout(kind: str) -> str:
@@ -189,17 +143,19 @@ def cpu_layout(kind: str) -> str:
 
 
 def tune(model: str | None, target: str, out: str, force: bool = False, sweep: list[str] | None = None,
-         llama8b: bool = False) -> str:
+         llama8b: bool = False, trials: int = DEFAULT_TRIALS, only: str | None = None) -> str:
     from rich.progress import Progress
 
-    from .targets import parse_target
+    from .knob_tuning import WORKLOAD_FILE, tune_tasks
+    from .schedules.knob_space import kernel_tasks
+    from .targets import has_wgmma, parse_target
 
     tgt = parse_target(target)
-    import os
-
     shown_out = os.path.relpath(out) if not os.path.relpath(out).startswith("..") else out
     command = " ".join(part for part in ("wide-tune", model, "--llama8b" if llama8b else None, "--target", target,
-                                         "--out", shown_out, "--force" if force else None,
+                                         f"--trials {trials}" if not sweep else None,
+                                         f"--only '{only}'" if only else None, "--out", shown_out,
+                                         "--force" if force else None,
                                          f"--from-sweep {' '.join(sweep)}" if sweep else None) if part)
     if sweep:
         if tgt.kind.name != "cuda":
@@ -211,15 +167,38 @@ def tune(model: str | None, target: str, out: str, force: bool = False, sweep: l
         return kernel_knobs.save(out, from_sweep(sweep), str(tgt), command, hardware=device)
     if model is None and not llama8b:
         raise WideError("give a MODEL to tune, --llama8b, or --from-sweep")
-    if tgt.kind.name == "cuda":
-        raise WideError(f"tuning for {target} times kernels on a GPU, and none is usable here: build the "
-                        "candidates with `wide-bench build DIR --sweep`, time them on the GPU with "
-                        "`wide-bench run DIR --sweep --json sweep.json`, then `wide-tune --target cuda "
-                        "--from-sweep sweep.json`")
-    specs = bench_kernels() if llama8b else model_kernels(model, target)
-    if not specs:
-        raise WideError(f"{model}: no gated kernels to tune")
-    done = kernel_knobs.load(out) if os.path.isdir(out) else {}
+    if trials < 1:
+        raise WideError(f"--trials {trials}: give at least 1 trial per kernel and token bucket")
+    if tgt.kind.name == "cuda" and not _has_gpu():
+        raise WideError(f"tuning for {target} times kernels on a GPU, and none is usable here: run wide-tune on "
+                        "the GPU host, or build the candidates with `wide-bench build DIR --sweep`, time them on "
+                        "the GPU with `wide-bench run DIR --sweep --json sweep.json`, then `wide-tune --target "
+                        "cuda --from-sweep sweep.json`")
+    specs = bench_kernels(tgt.kind.name) if llama8b else model_kernels(model, target)
+    tasks = [t for s in specs for t in kernel_tasks(s.kind, s.groups, s.group_size, s.dim, s.dtype, s.layout,
+                                                     tgt.kind.name, has_wgmma(tgt))]
+    if not tasks:
+        raise WideError(f"{model or 'the Llama-3.1-8B kernels'}: no gated kernels with knobs to tune for {target}")
+    if only:
+        import re
+
+        names = [t.name for t in tasks]
+        tasks = [t for t in tasks if re.search(only, t.name)]
+        if not tasks:
+            raise WideError(f"--only {only!r} matches no task; the tasks are: {', '.join(names)}")
     with Progress() as progress:
-        entries = tune_cpu(specs, done, force, progress)
-    return kernel_knobs.save(out, entries, str(tgt), command)
+        ran = tune_tasks(tasks, tgt, out, trials, force, progress)
+    kernel_knobs.record_run(out, str(tgt), command, ran, hardware=_gpu_name() if tgt.kind.name == "cuda" else None)
+    return os.path.join(out, WORKLOAD_FILE)
+
+
+def _has_gpu() -> bool:
+    import tvm
+
+    return tvm.cuda(0).exist
+
+
+def _gpu_name() -> str:
+    import tvm
+
+    return tvm.cuda(0).device_name

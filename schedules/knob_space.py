@@ -1,0 +1,297 @@
+"""The gated kernels' knobs as a MetaSchedule search space.
+
+Our block-sparse kernels are hand-written TensorIR whose structure (token tile, warps, ring depth, wgmma shape,
+producer warps) follows from their knobs, so no schedule transformation of one function reaches them. Each
+(kernel, token bucket) is instead one MetaSchedule task whose workload is a *knob template*: a PrimFunc with the
+kernel's signature at the bucket's token count, whose root block the design space annotates with one
+`wide.knob.<name>` per knob, the index of a `sample_categorical` decision. MetaSchedule samples and mutates the
+decisions (`CategoricalMutator`), the builder instantiates the real kernel with them (`build_candidate`), the
+runner times it on valid masks (`alloc_args`), and the database keeps each trace with its time, so
+`knob_tuning.best_records` turns the fastest record back into knobs (`knob_values`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import tvm
+from tvm import tirx
+from tvm.s_tir import meta_schedule as ms
+from tvm.ir.utils import derived_object
+
+from ..bench.workloads import K_VARIANTS, MN_VARIANTS, TILE_VARIANTS, WGMMA_VARIANTS, Workload, wgmma_fits
+from ..kernel_knobs import kernel_key
+from ..weight_layout import stored_shape
+from .gemv import DECODE_BUCKETS, DIRECT_TOKENS, GemvKnobs
+from .root_block import with_root_block
+from .tile_gemm import DEFAULT_TILES, TILE_BUCKETS, tile_knob
+from .tiles import CPU_BUCKETS, TileConfig
+
+CPU_BM = (1, 4, 8)  # sorted tokens per CPU tile
+CPU_BN = (8, 32, 64, 256)  # columns (gemm_mn) or rows (gemm_k) per CPU task
+CPU_TOKENS = (1, 16, 64)  # token count each CPU bucket (<= 1, <= 16, more) is timed at
+TILE_TOKENS = (128, 512, 4096)  # ... each CUDA many-token bucket (<= 128, <= 512, more)
+KNOB = "wide.knob."  # root-block annotation prefix: wide.knob.<name> = index of the sampled candidate
+SPACES = ("cpu", "decode", "tile")  # CPU tiles; CUDA direct (decode) kernels; CUDA many-token kernels
+
+
+@dataclass(frozen=True)
+class KnobTask:
+    """One tuning task: the knobs of one gated kernel for one token bucket of one space."""
+
+    kind: str  # gemm_mn_swiglu | gemm_mn | gemm_k
+    groups: int
+    group_size: int
+    dim: int  # K of gemm_mn, N of gemm_k
+    dtype: str
+    layout: str  # the weight layout wide-compile stores (nk, kn, tc)
+    space: str  # one of SPACES
+    bucket: int  # index into the space's buckets
+    wgmma: bool = False  # the target has sm_90a wgmma (tile candidates)
+
+    @property
+    def key(self) -> str:
+        return kernel_key(self.kind, self.groups, self.group_size, self.dim, self.dtype)
+
+    @property
+    def name(self) -> str:
+        return f"{self.key}/{self.space}{self.bucket}"
+
+    @property
+    def tokens(self) -> int:
+        """The token count this task's candidates are timed at (the bucket's upper bound)."""
+        return {"cpu": CPU_TOKENS, "decode": DECODE_BUCKETS, "tile": TILE_TOKENS}[self.space][self.bucket]
+
+    @property
+    def workload(self) -> Workload:
+        return Workload("task", "gemm_k" if self.kind == "gemm_k" else "gemm_mn", self.groups, self.group_size,
+                        self.dim, self.kind == "gemm_mn_swiglu", self.dtype)
+
+    def choices(self) -> dict[str, tuple]:
+        """Candidate values per knob (MetaSchedule samples an index into each)."""
+        w = self.workload
+        if self.space == "cpu":
+            width = self.group_size if self.kind != "gemm_k" else self.dim
+            return {"bm": CPU_BM, "bn": tuple(bn for bn in CPU_BN if width % bn == 0)}
+        if self.space == "decode":
+            return {"variant": MN_VARIANTS if w.kind == "gemm_mn" else K_VARIANTS}
+        wg = tuple(v for v in WGMMA_VARIANTS if wgmma_fits(w, v)) if self.wgmma else ()
+        return {"variant": TILE_VARIANTS + wg}
+
+    def size(self) -> int:
+        return int(np.prod([len(c) for c in self.choices().values()]))
+
+
+def kernel_tasks(kind: str, groups: int, group_size: int, dim: int, dtype: str, layout: str, target_kind: str,
+                 wgmma: bool = False) -> list[KnobTask]:
+    """Every task of one kernel on a target kind: a CPU tile per CPU bucket, or on CUDA the direct kernels'
+    knobs per decode bucket they run (tensor-core layout only) and the many-token kernels' per tile bucket."""
+    spec = (kind, groups, group_size, dim, dtype, layout)
+    if target_kind == "llvm":
+        return [KnobTask(*spec, "cpu", b) for b in range(len(CPU_BUCKETS) + 1)]
+    if layout != "tc":
+        return []  # the plain CUDA kernels have no knobs to search
+    direct = DIRECT_TOKENS["gemm_k" if kind == "gemm_k" else "gemm_mn"]
+    return ([KnobTask(*spec, "decode", b, wgmma) for b, top in enumerate(DECODE_BUCKETS) if top <= direct]
+            + [KnobTask(*spec, "tile", b, wgmma) for b in range(len(TILE_BUCKETS) + 1)])
+
+
+def signature(task: KnobTask) -> list[tuple[str, tuple, str]]:
+    """(name, shape, dtype) of the kernel's parameters at the task's token count."""
+    m, g, w = task.tokens, task.groups, task.workload
+    weights = [(name, stored_shape(task.layout, w.n, w.k), task.dtype)  # gemm_mn takes W_up even without SwiGLU
+               for name in ("wg", "wu")[:1 if task.kind == "gemm_k" else 2]]
+    return ([("x", (m, w.k), task.dtype), *weights, ("mask", (m, g), "int32"), ("counts", (g,), "int32"),
+             ("order", (g, m), "int32"), ("used", (g + 1,), "int32"), ("out", (m, w.n), task.dtype)])
+
+
+def template(task: KnobTask) -> tvm.IRModule:
+    """The task's workload: the kernel's signature, an empty root block, the task in the function's attributes."""
+    from tvm.script import tirx as T
+
+    args = ", ".join(f'{n}: T.Buffer({tuple(s)}, "{d}")' for n, s, d in signature(task))
+    func = tvm.script.from_source(f"@T.prim_func\ndef main({args}):\n    T.evaluate(0)\n", extra_vars={"T": T},
+                                  s_tir=True)
+    attrs = {f"wide.{k}": v for k, v in asdict(task).items()}
+    return tvm.IRModule({"main": with_root_block(func).with_attrs({"global_symbol": "main", **attrs})})
+
+
+def task_of(mod: tvm.IRModule) -> KnobTask | None:
+    """The task a knob template (or a record's workload) was made for; None for any other module."""
+    funcs = {gv.name_hint: f for gv, f in mod.functions.items()}
+    attrs = funcs["main"].attrs if "main" in funcs and funcs["main"].attrs is not None else {}
+    if "wide.space" not in attrs:
+        return None
+    fields = KnobTask.__dataclass_fields__
+    conv = {"groups": int, "group_size": int, "dim": int, "bucket": int, "wgmma": bool}
+    return KnobTask(**{k: conv.get(k, str)(attrs[f"wide.{k}"]) for k in fields})
+
+
+def sample_knobs(sch: tvm.s_tir.Schedule, decisions: dict[str, int] | None = None) -> None:
+    """The design space: one categorical decision per knob, annotated on the root block (fixed by `decisions`)."""
+    task = task_of(sch.mod)
+    root = sch.get_sblock("root")
+    for name, cands in task.choices().items():
+        n = len(cands)
+        index = sch.sample_categorical(list(range(n)), [1.0 / n] * n,
+                                       decision=None if decisions is None else decisions[name])
+        sch.annotate(root, KNOB + name, index)
+
+
+def knob_values(mod: tvm.IRModule) -> dict:
+    """The candidate values a scheduled template's root block selects, by knob name."""
+    task = task_of(mod)
+    ann = mod["main"].body.block.annotations
+    return {name: cands[int(ann[KNOB + name])] for name, cands in task.choices().items()}
+
+
+def decisions_of(task: KnobTask, values: dict) -> dict[str, int] | None:
+    """The decisions that select `values` (None when one is not a candidate of the task)."""
+    out = {}
+    for name, cands in task.choices().items():
+        v = values.get(name)
+        if v not in cands:
+            return None
+        out[name] = cands.index(v)
+    return out
+
+
+def incumbent(task: KnobTask, entry: dict | None) -> dict[str, int] | None:
+    """Decisions of the knobs the kernel runs this bucket with when the database has nothing for it: a knob
+    file's entry (GPU sweep imports), else the kernel's default; None when those are not in the task's space."""
+    from .gemv import decode_knobs
+    from .tile_gemm import tile_knobs
+    from .tiles import cpu_tiles, tile_config, tiles_from_log
+
+    entry = entry or {}
+    cands = list(task.choices().values())[0] if task.space != "cpu" else None
+    if task.space == "cpu":
+        width = task.group_size if task.kind != "gemm_k" else task.dim
+        tiles = tiles_from_log(entry["cpu"]) if "cpu" in entry else None
+        tile = cpu_tiles(tiles, tile_config("llvm", width))[task.bucket]
+        return decisions_of(task, {"bm": tile.bm, "bn": tile.bn})
+    if task.space == "decode":
+        knob = (decode_knobs(entry["decode"]) if "decode" in entry else (GemvKnobs(),) * 8)[task.bucket]
+        same = [i for i, c in enumerate(cands) if GemvKnobs(*c) == knob]
+    else:
+        knob = tile_knobs(entry.get("tiles"), task.wgmma)[task.bucket]
+        same = [i for i, c in enumerate(cands) if tile_knob(c) == knob]
+    return {"variant": same[0]} if same else None
+
+
+def instantiate(task: KnobTask, values: dict) -> tirx.PrimFunc:
+    """The real kernel with the knobs `values` (every bucket of the knob's space gets them)."""
+    from . import gemm_k, gemm_mn
+
+    extra = {}
+    if task.space == "cpu":
+        extra["cpu_tile"] = TileConfig(values["bm"], values["bn"])
+    elif task.space == "decode":
+        extra["decode_knobs"] = (GemvKnobs(*values["variant"]),) * len(DECODE_BUCKETS)
+    else:
+        extra["tile_knobs"] = (tile_knob(values["variant"]),) * len(DEFAULT_TILES)
+    target_kind = "llvm" if task.space == "cpu" else "cuda"
+    if task.kind == "gemm_k":
+        return gemm_k(task.groups, task.group_size, task.dim, task.dtype, task.layout, target_kind, **extra)
+    return gemm_mn(task.groups, task.group_size, task.dim, task.dtype, task.layout, task.kind == "gemm_mn_swiglu",
+                   target_kind, **extra)
+
+
+def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params=None) -> tvm.runtime.Module:
+    """MetaSchedule builder function: the kernel a scheduled template selects, compiled for `target`."""
+    task = task_of(mod)
+    func = instantiate(task, knob_values(mod)).with_attr("global_symbol", "main")
+    with target:
+        return tvm.compile(tvm.IRModule({"main": func}), target).mod
+
+
+_ARGS_CACHE: dict = {}  # runner worker: the last few argument sets, reused by the candidates of a task
+
+
+def alloc_args(device, args_info, alloc_repeat: int) -> list:
+    """MetaSchedule runner allocator: random activations and weights, and a 50 % random mask with its reorder
+    (counts, order, used) instead of random integers, which would index out of bounds. Seeded, and cached per
+    signature, so every candidate of a task is timed on the same inputs."""
+    from ..kernel_reference import make_mask, ref_mask_reorder
+
+    key = (str(device), repr(args_info), alloc_repeat)
+    if key in _ARGS_CACHE:
+        return _ARGS_CACHE[key]
+    shapes = [tuple(info[2]) for info in args_info]
+    dtypes = [info[1] for info in args_info]
+    tokens, groups = shapes[-5]  # ..., mask [tokens, G], counts, order, used, out
+    rng = np.random.default_rng(0)
+    repeated = []
+    for _ in range(alloc_repeat):
+        mask = make_mask("random", tokens, groups, rng, 0.5)
+        reorder = ref_mask_reorder(mask)
+        host = [(rng.random(s, dtype=np.float32) - 0.5).astype(d) for s, d in zip(shapes[:-5], dtypes[:-5])]
+        host += [mask, *reorder, np.zeros(shapes[-1], dtypes[-1])]
+        repeated.append([tvm.runtime.tensor(np.ascontiguousarray(a), device) for a in host])
+    while len(_ARGS_CACHE) >= 4:
+        _ARGS_CACHE.pop(next(iter(_ARGS_CACHE)))
+    _ARGS_CACHE[key] = repeated
+    return repeated
+
+
+@derived_object
+class CategoricalMutator(ms.mutator.PyMutator):
+    """Moves one categorical decision of a trace to another candidate (MetaSchedule's own mutators only touch
+    tile sizes, unroll, parallel and thread-binding decisions)."""
+
+    def __init__(self, seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def apply(self, trace, _rand_state):
+        insts = [i for i in trace.insts if i.kind.name == "SampleCategorical" and len(i.attrs[0]) > 1]
+        if not insts:
+            return None
+        inst = insts[self.rng.integers(len(insts))]
+        n, old = len(inst.attrs[0]), int(trace.decisions[inst])
+        new = (old + 1 + int(self.rng.integers(n - 1))) % n
+        return trace.with_decision(inst, new, remove_postproc=True)
+
+    def clone(self):
+        return CategoricalMutator(int(self.rng.integers(1 << 30)))
+
+
+@derived_object
+class SkipMeasured(ms.postproc.PyPostproc):
+    """Rejects a candidate whose knobs a database already timed, so that a rerun measures only new points
+    (the evolutionary search deduplicates within one run, not against earlier records)."""
+
+    def __init__(self, measured=frozenset()):
+        self.measured = frozenset(measured)
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def apply(self, sch) -> bool:
+        return knob_key(sch.mod) not in self.measured
+
+    def clone(self):
+        return SkipMeasured(self.measured)
+
+
+def knob_key(mod: tvm.IRModule) -> tuple:
+    """The decisions a scheduled template carries, as a hashable key."""
+    ann = mod["main"].body.block.annotations
+    return tuple(sorted((k, int(v)) for k, v in ann.items() if k.startswith(KNOB)))
+
+
+def space_generator(measured=frozenset()) -> ms.space_generator.ScheduleFn:
+    """The design space of a knob task: categorical knobs only, nothing for MetaSchedule's rules to do; the
+    points in `measured` (knob_key of each) are not proposed again."""
+    return ms.space_generator.ScheduleFn(sample_knobs, sch_rules=[], postprocs=[SkipMeasured(measured)],
+                                         mutator_probs={CategoricalMutator(): 1.0})
+
+
+def all_decisions(task: KnobTask) -> list[dict[str, int]]:
+    """Every point of the task's space (for tests and the seeding of small spaces)."""
+    names = list(task.choices())
+    return [dict(zip(names, idx)) for idx in itertools.product(*(range(len(c)) for c in task.choices().values()))]

@@ -1,0 +1,175 @@
+"""The kernels' knobs as a MetaSchedule search space (schedules/knob_space.py) and the database wide-compile
+reads back (wide_tvm/knob_tuning.py). The MetaSchedule runs themselves: tests/test_tuning.py."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from wide_tvm.cuda_aot import prepare_cuda_aot
+
+prepare_cuda_aot()
+
+import tvm  # noqa: E402
+from tvm.s_tir import meta_schedule as ms  # noqa: E402
+
+from wide_tvm import kernel_knobs  # noqa: E402
+from wide_tvm.kernel_reference import ref_gemm_k, ref_gemm_mn, rel_err  # noqa: E402
+from wide_tvm.knob_tuning import database_entries, measured, open_database  # noqa: E402
+from wide_tvm.schedules import knob_space as ks  # noqa: E402
+from wide_tvm.targets import parse_target  # noqa: E402
+
+
+def _scheduled(task: ks.KnobTask, decisions: dict | None = None) -> tvm.IRModule:
+    sch = tvm.s_tir.Schedule(ks.template(task), seed=1)
+    ks.sample_knobs(sch, decisions)
+    return sch
+
+
+def _args_info(mod: tvm.IRModule) -> list:
+    return [a.as_json() for a in ms.arg_info.ArgInfo.from_prim_func(mod["main"])]
+
+
+@pytest.mark.parametrize("kind,layout,bucket", [("gemm_mn_swiglu", "nk", 1), ("gemm_k", "kn", 2),
+                                                ("gemm_mn_swiglu", "nk", 0)])
+def test_every_cpu_candidate_builds_from_the_template_and_computes_the_kernel(kind, layout, bucket):
+    """What MetaSchedule measures is the real kernel: each point of a CPU task's space, built by the builder
+    function from the annotated template and run on the runner's inputs (a valid mask and its reorder), matches
+    NumPy (odd token count 13 included)."""
+    groups, gs, dim = 4, 32, 48
+    task = ks.KnobTask(kind, groups, gs, dim, "float32", layout, "cpu", bucket)
+    target = parse_target("llvm")
+    assert task.tokens == ks.CPU_TOKENS[bucket] and task.size() == len(ks.all_decisions(task))
+    for decisions in ks.all_decisions(task):
+        sch = _scheduled(task, decisions)
+        values = ks.knob_values(sch.mod)
+        assert ks.decisions_of(task, values) == decisions
+        lib = ks.build_candidate(sch.mod, target)
+        args = ks.alloc_args(tvm.cpu(), _args_info(sch.mod), 1)[0]
+        host = [a.numpy() for a in args]
+        mask = host[-5]
+        assert mask.shape == (task.tokens, groups) and 0 < mask.sum() < mask.size or task.tokens == 1
+        assert (host[-4] == mask.sum(axis=0)).all()  # counts of the mask, not random integers
+        lib["main"](*args)
+        if kind == "gemm_k":
+            ref = ref_gemm_k(host[0], host[1], mask, gs, layout)
+        else:
+            ref = ref_gemm_mn(host[0], host[1], host[2], mask, gs, layout, True)
+        assert rel_err(args[-1].numpy(), ref) < 1e-5, values
+
+
+def test_mutator_moves_one_decision_and_measured_points_are_skipped():
+    task = ks.KnobTask("gemm_k", 4, 32, 256, "float32", "kn", "cpu", 0)
+    sch = _scheduled(task, {"bm": 0, "bn": 0})
+    mutator = ks.CategoricalMutator(seed=3)
+    for _ in range(10):
+        trace = mutator.apply(sch.trace)
+        before = [int(v) for v in sch.trace.decisions.values()]
+        after = [int(v) for v in trace.decisions.values()]
+        assert sum(a != b for a, b in zip(before, after)) == 1
+        assert all(0 <= a < len(c) for a, c in zip(after, task.choices().values()))
+    skip = ks.SkipMeasured({ks.knob_key(sch.mod)})
+    assert not skip.apply(sch) and skip.apply(_scheduled(task, {"bm": 1, "bn": 0}))
+
+
+def test_cuda_tasks_cover_the_direct_and_many_token_kernels():
+    from wide_tvm.bench.workloads import K_VARIANTS, MN_VARIANTS, TILE_VARIANTS
+    from wide_tvm.tune import bench_kernels
+
+    specs = {s.key: s for s in bench_kernels("cuda")}
+    gate_up = specs[kernel_knobs.kernel_key("gemm_mn_swiglu", 112, 128, 4096, "float16")]
+    tasks = ks.kernel_tasks(gate_up.kind, gate_up.groups, gate_up.group_size, gate_up.dim, gate_up.dtype,
+                            gate_up.layout, "cuda", wgmma=True)
+    # direct kernels up to 32 tokens (buckets 1, 8, 16, 32), then the tile buckets <= 128, <= 512, more
+    assert [(t.space, t.tokens) for t in tasks] == [("decode", 1), ("decode", 8), ("decode", 16), ("decode", 32),
+                                                    ("tile", 128), ("tile", 512), ("tile", 4096)]
+    assert tasks[0].choices() == {"variant": MN_VARIANTS}
+    assert TILE_VARIANTS == tasks[-1].choices()["variant"][:len(TILE_VARIANTS)]
+    assert any(v[0] == "wgmma" for v in tasks[-1].choices()["variant"])
+    down = specs[kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16")]
+    down_tasks = ks.kernel_tasks(down.kind, down.groups, down.group_size, down.dim, down.dtype, down.layout, "cuda")
+    assert [t.tokens for t in down_tasks if t.space == "decode"] == [1, 8, 16, 32, 64]
+    assert down_tasks[0].choices() == {"variant": K_VARIANTS}
+    assert all(v[0] != "wgmma" for v in down_tasks[-1].choices()["variant"])  # no sm_90a, no wgmma candidates
+    sig = dict((n, (s, d)) for n, s, d in ks.signature(tasks[-1]))
+    assert sig["wg"] == ((14336 // 16, 16 * 4096), "float16") and sig["order"] == ((112, 4096), "int32")
+    assert ks.kernel_tasks("gemm_k", 3, 24, 40, "float16", "nk", "cuda") == []  # no tensor-core kernel: no knobs
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_cuda_candidates_build_from_the_template():
+    """The builder function compiles a direct-kernel and a wgmma candidate to sm_90a device code here."""
+    target = parse_target("cuda")
+    for space, decisions, kind in (("decode", {"variant": 1}, "gemm_k"), ("tile", None, "gemm_mn_swiglu")):
+        task = ks.KnobTask(kind, 4, 64, 128, "float16", "tc", space, 1 if space == "decode" else 2, wgmma=True)
+        if decisions is None:  # the first wgmma candidate
+            decisions = {"variant": next(i for i, v in enumerate(task.choices()["variant"]) if v[0] == "wgmma")}
+        sch = _scheduled(task, decisions)
+        lib = ks.build_candidate(sch.mod, target)
+        assert [m.kind for m in lib.imports] == ["cuda"]
+        src = lib.imports[0].inspect_source()
+        assert ("wgmma.mma_async" if space == "tile" else "mma.sync") in src
+
+
+def _record(db, task: ks.KnobTask, decisions: dict, us: float) -> None:
+    sch = _scheduled(task, decisions)
+    wl = db.commit_workload(ks.template(task))
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, wl, [us * 1e-6] * 3, parse_target("llvm"),
+                                                     ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])))
+
+
+def test_database_picks_the_fastest_record_per_bucket(tmp_path):
+    """wide-compile's knobs come from the fastest valid record of each tuned bucket; buckets without records keep
+    the knob file's entry or the kernel default (None), failed runs never win, and the lowering gets them."""
+    from wide_tvm.passes.lower_gated import _State, _tuned
+    from wide_tvm.schedules.tiles import TileConfig
+
+    db = open_database(str(tmp_path))
+    mn = ks.KnobTask("gemm_mn_swiglu", 4, 32, 64, "float32", "nk", "cpu", 1)
+    _record(db, mn, {"bm": 0, "bn": 1}, 50.0)
+    _record(db, mn, {"bm": 2, "bn": 0}, 20.0)
+    _record(db, mn, {"bm": 1, "bn": 0}, 1e10)  # a failed run
+    k = ks.KnobTask("gemm_k", 4, 32, 64, "float32", "kn", "cpu", 2)
+    _record(db, k, {"bm": 1, "bn": 2}, 7.0)
+    assert len(measured(db, ks.template(mn))) == 3
+    entries = kernel_knobs.load(str(tmp_path))
+    assert entries[mn.key]["cpu"] == [None, {"bm": 8, "bn": 8}, None]
+    assert entries[mn.key]["database_us"] == {"cpu1": 20.0}
+    assert entries[k.key]["cpu"] == [None, None, {"bm": 4, "bn": 64}]
+    state = _State("llvm", {}, None, entries)
+    assert _tuned(state, "gemm_mn_swiglu", 4, 32, 64, "float32") == {"cpu_tile": (None, TileConfig(8, 8), None)}
+    # a knob file's one-for-every-bucket entry keeps the buckets the database did not tune
+    merged = database_entries(str(tmp_path), {mn.key: {"cpu": {"bm": 1, "bn": 32}}})
+    assert merged[mn.key]["cpu"] == [{"bm": 1, "bn": 32}, {"bm": 8, "bn": 8}, {"bm": 1, "bn": 32}]
+    # None buckets build with the kernel's default tile
+    from wide_tvm.schedules import gemm_mn
+
+    gemm_mn(4, 32, 64, "float32", "nk", True, "llvm", cpu_tile=(None, TileConfig(8, 8), None))
+
+
+def test_damaged_database_names_its_folder(tmp_path):
+    (tmp_path / "database_workload.json").write_text("not json\n")
+    (tmp_path / "database_tuning_record.json").write_text("[1, 2]\n")
+    with pytest.raises(Exception, match="unreadable MetaSchedule database"):
+        kernel_knobs.load(str(tmp_path))
+
+
+def test_incumbent_is_what_the_kernel_runs_without_the_database():
+    """The knobs wide-tune measures first: the knob file's pick for the bucket, else the kernel's default."""
+    from wide_tvm.bench.workloads import MN_VARIANTS, TILE_VARIANTS
+
+    cpu = ks.KnobTask("gemm_mn_swiglu", 4, 32, 64, "float32", "nk", "cpu", 1)
+    assert ks.knob_values(_scheduled(cpu, ks.incumbent(cpu, None)).mod) == {"bm": 8, "bn": 32}  # tile_config
+    entry = {"cpu": [{"bm": 1, "bn": 8}, {"bm": 4, "bn": 32}, None]}
+    assert ks.knob_values(_scheduled(cpu, ks.incumbent(cpu, entry)).mod) == {"bm": 4, "bn": 32}
+    dec = ks.KnobTask("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", "decode", 2)
+    assert ks.incumbent(dec, None) == {"variant": MN_VARIANTS.index((4, 4))}  # GemvKnobs() defaults
+    assert ks.incumbent(dec, {"decode": [[8, 2, 1, 0, 1, 1]] * 5}) == {"variant": MN_VARIANTS.index((8, 2))}
+    assert ks.incumbent(ks.KnobTask("gemm_k", 112, 128, 4096, "float16", "tc", "decode", 2), None) is None
+    tile = ks.KnobTask("gemm_k", 112, 128, 4096, "float16", "tc", "tile", 0, wgmma=True)
+    assert ks.incumbent(tile, None) == {"variant": TILE_VARIANTS.index(("gemv",))}  # the first bucket's default
+    wg = ks.KnobTask("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", "tile", 2, wgmma=True)
+    pick = {"tiles": [["gemv"], [128, 1, 3, 1], ["wgmma", 128, 4, 4, 1, 4]]}
+    assert wg.choices()["variant"][ks.incumbent(wg, pick)["variant"]] == ("wgmma", 128, 4, 4, 1, 4)

@@ -1,0 +1,211 @@
+"""MetaSchedule runs over the gated kernels' knob tasks (schedules.knob_space), into one JSON database.
+
+One TuneContext per (kernel, token bucket); the evolutionary search samples and mutates the knob decisions,
+LocalBuilder instantiates and compiles each candidate, LocalRunner times it on valid masks, and every record
+lands in OUT/database_{workload,tuning_record}.json. Measured candidates are never measured again: a rerun
+starts from the records already there, and a task with `trials` records (or its whole space) is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+from tvm.ir.utils import derived_object
+
+from .schedules.knob_space import (KnobTask, alloc_args, build_candidate, incumbent, knob_key, sample_knobs,
+                                   space_generator, template)
+
+WORKLOAD_FILE = "database_workload.json"
+RECORD_FILE = "database_tuning_record.json"
+
+
+def open_database(folder: str) -> ms.database.JSONDatabase:
+    os.makedirs(folder, exist_ok=True)
+    return ms.database.JSONDatabase(os.path.join(folder, WORKLOAD_FILE), os.path.join(folder, RECORD_FILE),
+                                    module_equality="structural")
+
+
+def measured(db: ms.database.Database, mod: tvm.IRModule) -> set:
+    """The knob points the database holds records of for a workload (knob_space.knob_key of each)."""
+    if not db.has_workload(mod):
+        return set()
+    points = set()
+    for rec in db.get_top_k(db.commit_workload(mod), 1 << 20):
+        sch = tvm.s_tir.Schedule(mod)
+        rec.trace.apply_to_schedule(sch, remove_postproc=True)
+        points.add(knob_key(sch.mod))
+    return points
+
+
+@derived_object
+class ProgressCallback(ms.measure_callback.PyMeasureCallback):
+    """Advances one progress bar per task as its candidates come back from the runner."""
+
+    def __init__(self, progress, bars: list):
+        self.progress, self.bars = progress, bars
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+        self.progress.advance(self.bars[task_id], len(runner_results))
+
+
+def _runner(target: tvm.target.Target) -> ms.runner.LocalRunner:
+    cpu = target.kind.name == "llvm"  # big CPU kernels run ~0.1 s: 3 x 5 runs; GPU ones ~20 us: 5 x >= 20 ms
+    config = ms.runner.EvaluatorConfig(number=3, repeat=5, min_repeat_ms=0 if cpu else 20,
+                                       enable_cpu_cache_flush=cpu)
+    return ms.runner.LocalRunner(timeout_sec=120, evaluator_config=config, f_alloc_argument=alloc_args)
+
+
+def measure_points(points: list, target, builder, runner, db) -> None:
+    """Build and time given (task, decisions) points with MetaSchedule's builder and runner, and commit their
+    records (a failed build or run as 1e10 s, as MetaSchedule records it)."""
+    scheds = []
+    for task, decisions in points:
+        sch = tvm.s_tir.Schedule(template(task))
+        sample_knobs(sch, decisions)
+        scheds.append(sch)
+    args = [ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"]) for sch in scheds]
+    builds = builder.build([ms.builder.BuilderInput(sch.mod, target) for sch in scheds])
+    ok = [i for i, b in enumerate(builds) if b.error_msg is None]
+    device = "cpu" if target.kind.name == "llvm" else target.kind.name
+    futures = runner.run([ms.runner.RunnerInput(builds[i].artifact_path, device, args[i]) for i in ok])
+    secs = {i: [1e10] for i in range(len(scheds))}
+    for i, fut in zip(ok, futures):
+        res = fut.result()
+        if res.error_msg is None:
+            secs[i] = [float(t) for t in res.run_secs]
+    for i, sch in enumerate(scheds):
+        workload = db.commit_workload(template(points[i][0]))
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, secs[i], target, args[i]))
+
+
+def tune_tasks(tasks: list[KnobTask], target: tvm.target.Target, out: str, trials: int, force: bool,
+               progress) -> list[str]:
+    """Tune `tasks` with up to `trials` measured candidates each, the incumbent knobs (what the kernel runs
+    without this database: the folder's knob file or the default) measured first, so that the database's pick
+    is never one MetaSchedule timed slower than them; returns the names of the tasks it ran."""
+    from .kernel_knobs import load
+
+    db = open_database(out)
+    file_entries = load(out, database=False)
+    todo, seeds = [], []
+    for task in tasks:
+        mod = template(task)
+        done = measured(db, mod)
+        want = min(trials, task.size() - len(done)) if force else min(trials, task.size()) - len(done)
+        if want <= 0:
+            progress.console.print(f"{task.name}: already tuned ({len(done)} of {task.size()} candidates "
+                                   "measured), skipped")
+            continue
+        first = incumbent(task, file_entries.get(task.key))
+        if first is not None:
+            sch = tvm.s_tir.Schedule(mod)
+            sample_knobs(sch, first)
+            if knob_key(sch.mod) not in done:
+                seeds.append((task, first))
+                done = done | {knob_key(sch.mod)}
+                want -= 1
+        todo.append((task, mod, want, done))
+    if not todo:
+        return []
+    builder = ms.builder.LocalBuilder(f_build=build_candidate, max_workers=os.cpu_count(), timeout_sec=600)
+    runner = _runner(target)
+    bars = [progress.add_task(task.name, total=want + any(s[0] == task for s in seeds)) for task, _, want, _ in todo]
+    if seeds:
+        measure_points(seeds, target, builder, runner, db)
+        for bar, (task, *_) in zip(bars, todo):
+            progress.advance(bar, sum(s[0] == task for s in seeds))
+    searched = [(i, t) for i, t in enumerate(todo) if t[2] > 0]
+    if searched:
+        _search(searched, progress, bars, target, builder, runner, db)
+    return [t[0].name for t in todo]
+
+
+def _search(todo: list, progress, bars: list, target, builder, runner, db) -> None:
+    """MetaSchedule's task scheduler over the tasks (index, (task, template, trials, measured points))."""
+    todo_bars = [bars[i] for i, _ in todo]
+    todo = [t for _, t in todo]
+    contexts = [ms.TuneContext(mod, target=target, space_generator=space_generator(done),
+                               search_strategy=ms.search_strategy.EvolutionarySearch(
+                                   population_size=64, init_measured_ratio=0.0, genetic_num_iters=2),
+                               task_name=task.name, rand_state=i + 1, num_threads=1)
+                for i, (task, mod, _, done) in enumerate(todo)]
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="wide-tune-") as logs:
+        ms.tune.tune_tasks(
+            tasks=contexts, task_weights=[1.0] * len(todo), work_dir=logs,
+            max_trials_global=sum(t[2] for t in todo), max_trials_per_task=max(t[2] for t in todo),
+            num_trials_per_iter=min(8, max(t[2] for t in todo)),
+            builder=builder, runner=runner, database=db, cost_model="random",
+            measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
+                               ProgressCallback(progress, todo_bars)],
+            task_scheduler="round-robin")
+
+
+def best_records(folder: str) -> dict[KnobTask, tuple[float, dict]]:
+    """Per knob task in FOLDER's database: (mean seconds, knob values) of its fastest record."""
+    from .schedules.knob_space import knob_values, task_of
+
+    if not os.path.exists(os.path.join(folder, RECORD_FILE)):
+        return {}
+    best = {}
+    for rec in open_database(folder).get_all_tuning_records():
+        task = task_of(rec.workload.mod)
+        secs = [float(s) for s in rec.run_secs or []]
+        if task is None or not secs or max(secs) >= 1e9:  # other workloads; failed builds or runs
+            continue
+        mean = sum(secs) / len(secs)
+        if task not in best or mean < best[task][0]:
+            best[task] = (mean, rec)
+    picks = {}
+    for task, (mean, rec) in best.items():
+        sch = tvm.s_tir.Schedule(rec.workload.mod)
+        rec.trace.apply_to_schedule(sch, remove_postproc=False)
+        picks[task] = (mean, knob_values(sch.mod))
+    return picks
+
+
+def database_entries(folder: str, entries: dict) -> dict:
+    """`entries` (kernel-knob entries) with every bucket the database tuned replaced by its fastest record;
+    buckets it did not tune keep the entry's knobs, or None (the kernel's default)."""
+    from .schedules.gemv import DECODE_BUCKETS
+    from .schedules.tile_gemm import TILE_BUCKETS
+    from .schedules.tiles import CPU_BUCKETS
+
+    merged = {k: dict(v) for k, v in entries.items()}
+    slots = {"cpu": ("cpu", len(CPU_BUCKETS) + 1), "decode": ("decode", len(DECODE_BUCKETS)),
+             "tile": ("tiles", len(TILE_BUCKETS) + 1)}
+    for task, (secs, values) in sorted(best_records(folder).items(), key=lambda kv: kv[0].name):
+        field, n = slots[task.space]
+        entry = merged.setdefault(task.key, {})
+        old = entry.get(field)
+        picks = list(old) if isinstance(old, list) else [old] * n  # one knob set for every bucket, or none
+        picks += [None] * (n - len(picks))
+        value = values["variant"] if "variant" in values else values
+        picks[task.bucket] = dict(value) if isinstance(value, dict) else list(value)
+        entry[field] = picks
+        entry.setdefault("database_us", {})[f"{task.space}{task.bucket}"] = round(secs * 1e6, 2)
+    return merged
+
+
+def summary(folder: str) -> str:
+    """Markdown table of a database: per task, candidates measured and the fastest one's knobs and time."""
+    from .schedules.knob_space import task_of
+
+    if not os.path.exists(os.path.join(folder, RECORD_FILE)):
+        return f"{folder}: no MetaSchedule database"
+    counts: dict = {}
+    for rec in open_database(folder).get_all_tuning_records():
+        task = task_of(rec.workload.mod)
+        if task is not None:
+            counts[task] = counts.get(task, 0) + 1
+    best = best_records(folder)
+    lines = ["| task | tokens | measured / space | fastest (us) | knobs |", "| --- | ---: | ---: | ---: | --- |"]
+    for task in sorted(counts, key=lambda t: t.name):
+        us, values = best.get(task, (float("nan"), {}))
+        knobs = values.get("variant", values)
+        lines.append(f"| {task.name} | {task.tokens} | {counts[task]} / {task.size()} | {us * 1e6:.1f} | {knobs} |")
+    return "\n".join(lines)

@@ -236,6 +236,37 @@ def alloc_args(device, args_info, alloc_repeat: int) -> list:
     return repeated
 
 
+def run_evaluator(rt_mod, device, evaluator_config, repeated_args) -> list[float]:
+    """MetaSchedule runner evaluator. On a GPU each timed call follows an L2 flush (a read of 4x the L2, as
+    wide-bench times them), so weights come from DRAM as in a model, not from an L2 that holds them after the
+    previous call (Q/O's 32 MB fit the H200's L2 and ranked candidates differently unflushed); seconds per call,
+    repeat x number calls. On the CPU, MetaSchedule's own evaluator (caches flushed by the config)."""
+    from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
+
+    if device.dlpack_device_type() != 2:  # not kDLCUDA
+        return run_evaluator_common(rt_mod, device, evaluator_config, repeated_args)
+    import torch
+
+    from ..bench.measure import l2_flush_buffer
+
+    flush = l2_flush_buffer()
+    fn = rt_mod[rt_mod.entry_name]
+    costs = []
+    for args in repeated_args:
+        for _ in range(3):  # warm-up
+            fn(*args)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(evaluator_config.repeat * evaluator_config.number)]
+        for start, end in events:
+            flush.sum()
+            start.record()
+            fn(*args)
+            end.record()
+        torch.cuda.synchronize()
+        costs += [start.elapsed_time(end) * 1e-3 for start, end in events]
+    return costs
+
+
 @derived_object
 class CategoricalMutator(ms.mutator.PyMutator):
     """Moves one categorical decision of a trace to another candidate (MetaSchedule's own mutators only touch

@@ -16,8 +16,8 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from .schedules.knob_space import (KnobTask, alloc_args, build_candidate, incumbent, knob_key, sample_knobs,
-                                   space_generator, template)
+from .schedules.knob_space import (KnobTask, alloc_args, build_candidate, incumbent, knob_key, run_evaluator,
+                                   sample_knobs, space_generator, template)
 
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
@@ -53,10 +53,11 @@ class ProgressCallback(ms.measure_callback.PyMeasureCallback):
 
 
 def _runner(target: tvm.target.Target) -> ms.runner.LocalRunner:
-    cpu = target.kind.name == "llvm"  # big CPU kernels run ~0.1 s: 3 x 5 runs; GPU ones ~20 us: 5 x >= 20 ms
-    config = ms.runner.EvaluatorConfig(number=3, repeat=5, min_repeat_ms=0 if cpu else 20,
-                                       enable_cpu_cache_flush=cpu)
-    return ms.runner.LocalRunner(timeout_sec=120, evaluator_config=config, f_alloc_argument=alloc_args)
+    cpu = target.kind.name == "llvm"  # CPU: 3 x 5 runs, caches flushed per repeat; GPU: 20 calls, L2 flushed each
+    config = (ms.runner.EvaluatorConfig(number=3, repeat=5, min_repeat_ms=0, enable_cpu_cache_flush=True) if cpu
+              else ms.runner.EvaluatorConfig(number=1, repeat=20, min_repeat_ms=0))
+    return ms.runner.LocalRunner(timeout_sec=120, evaluator_config=config, f_alloc_argument=alloc_args,
+                                 f_run_evaluator=run_evaluator)
 
 
 def measure_points(points: list, target, builder, runner, db) -> None:

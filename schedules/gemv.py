@@ -133,6 +133,12 @@ def supports_k(group_size: int, n_dim: int, dtype: str) -> bool:
     return dtype == "float16" and group_size % CHUNK == 0 and n_dim % ROWS == 0
 
 
+def supports(kind: str, group_size: int, dim: int, dtype: str) -> bool:
+    """Whether the tensor-core kernels take a kernel of this kind ("gemm_k" or a gemm_mn kind; dim: N of gemm_k,
+    K of gemm_mn), i.e. its weights go in the "tc" layout."""
+    return (supports_k if kind == "gemm_k" else supports_mn)(group_size, dim, dtype)
+
+
 @T.macro
 def a_fragment(af, wreg, w_off, p):
     """af = the A operand of mma p (0, 1) of a 32-wide K chunk, from a lane's two 16-byte weight vectors at

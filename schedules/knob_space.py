@@ -24,7 +24,7 @@ from tvm.ir.utils import derived_object
 from ..bench.workloads import K_VARIANTS, MN_VARIANTS, TILE_VARIANTS, WGMMA_VARIANTS, Workload, wgmma_fits
 from ..kernel_knobs import kernel_key
 from ..weight_layout import stored_shape
-from .gemv import DECODE_BUCKETS, DIRECT_TOKENS, GemvKnobs
+from .gemv import DECODE_BUCKETS, DEFAULT_DECODE, DIRECT_TOKENS, GemvKnobs
 from .root_block import with_root_block
 from .tile_gemm import DEFAULT_TILES, TILE_BUCKETS, tile_knob
 from .tiles import CPU_BUCKETS, TileConfig
@@ -34,7 +34,10 @@ CPU_BN = (8, 32, 64, 256)  # columns (gemm_mn) or rows (gemm_k) per CPU task
 CPU_TOKENS = (1, 16, 64)  # token count each CPU bucket (<= 1, <= 16, more) is timed at
 TILE_TOKENS = (128, 512, 4096)  # ... each CUDA many-token bucket (<= 128, <= 512, more)
 KNOB = "wide.knob."  # root-block annotation prefix: wide.knob.<name> = index of the sampled candidate
-SPACES = ("cpu", "decode", "tile")  # CPU tiles; CUDA direct (decode) kernels; CUDA many-token kernels
+# The spaces (CPU tiles; CUDA direct (decode) kernels; CUDA many-token kernels): the token count each bucket is
+# timed at, and the field of a kernel-knob entry that holds their knobs, one per bucket
+SPACE_TOKENS = {"cpu": CPU_TOKENS, "decode": DECODE_BUCKETS, "tile": TILE_TOKENS}
+ENTRY_FIELD = {"cpu": "cpu", "decode": "decode", "tile": "tiles"}
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class KnobTask:
     dim: int  # K of gemm_mn, N of gemm_k
     dtype: str
     layout: str  # the weight layout wide-compile stores (nk, kn, tc)
-    space: str  # one of SPACES
+    space: str  # a key of SPACE_TOKENS
     bucket: int  # index into the space's buckets
     wgmma: bool = False  # the target has sm_90a wgmma (tile candidates)
 
@@ -62,19 +65,23 @@ class KnobTask:
     @property
     def tokens(self) -> int:
         """The token count this task's candidates are timed at (the bucket's upper bound)."""
-        return {"cpu": CPU_TOKENS, "decode": DECODE_BUCKETS, "tile": TILE_TOKENS}[self.space][self.bucket]
+        return SPACE_TOKENS[self.space][self.bucket]
 
     @property
     def workload(self) -> Workload:
         return Workload("task", "gemm_k" if self.kind == "gemm_k" else "gemm_mn", self.groups, self.group_size,
                         self.dim, self.kind == "gemm_mn_swiglu", self.dtype)
 
+    @property
+    def cpu_width(self) -> int:
+        """What a CPU tile's bn must divide: the group size (gemm_mn columns) or N (gemm_k's [K, N] rows)."""
+        return self.group_size if self.kind != "gemm_k" else self.dim
+
     def choices(self) -> dict[str, tuple]:
         """Candidate values per knob (MetaSchedule samples an index into each)."""
         w = self.workload
         if self.space == "cpu":
-            width = self.group_size if self.kind != "gemm_k" else self.dim
-            return {"bm": CPU_BM, "bn": tuple(bn for bn in CPU_BN if width % bn == 0)}
+            return {"bm": CPU_BM, "bn": tuple(bn for bn in CPU_BN if self.cpu_width % bn == 0)}
         if self.space == "decode":
             return {"variant": MN_VARIANTS if w.kind == "gemm_mn" else K_VARIANTS}
         wg = tuple(v for v in WGMMA_VARIANTS if wgmma_fits(w, v)) if self.wgmma else ()
@@ -140,6 +147,20 @@ def sample_knobs(sch: tvm.s_tir.Schedule, decisions: dict[str, int] | None = Non
         sch.annotate(root, KNOB + name, index)
 
 
+def scheduled(task: KnobTask, decisions: dict[str, int] | None = None, mod: tvm.IRModule | None = None):
+    """A schedule of the task's template (`mod`, when already built) with its knob decisions (sampled if None)."""
+    sch = tvm.s_tir.Schedule(template(task) if mod is None else mod)
+    sample_knobs(sch, decisions)
+    return sch
+
+
+def replayed(mod: tvm.IRModule, trace) -> tvm.IRModule:
+    """A template with a database record's decisions applied (knob_values / knob_key read them)."""
+    sch = tvm.s_tir.Schedule(mod)
+    trace.apply_to_schedule(sch, remove_postproc=True)
+    return sch.mod
+
+
 def knob_values(mod: tvm.IRModule) -> dict:
     """The candidate values a scheduled template's root block selects, by knob name."""
     task = task_of(mod)
@@ -166,14 +187,13 @@ def incumbent(task: KnobTask, entry: dict | None) -> dict[str, int] | None:
     from .tiles import cpu_tiles, tile_config, tiles_from_log
 
     entry = entry or {}
-    cands = list(task.choices().values())[0] if task.space != "cpu" else None
     if task.space == "cpu":
-        width = task.group_size if task.kind != "gemm_k" else task.dim
         tiles = tiles_from_log(entry["cpu"]) if "cpu" in entry else None
-        tile = cpu_tiles(tiles, tile_config("llvm", width))[task.bucket]
+        tile = cpu_tiles(tiles, tile_config("llvm", task.cpu_width))[task.bucket]
         return decisions_of(task, {"bm": tile.bm, "bn": tile.bn})
+    cands = task.choices()["variant"]
     if task.space == "decode":
-        knob = (decode_knobs(entry["decode"]) if "decode" in entry else (GemvKnobs(),) * 8)[task.bucket]
+        knob = (decode_knobs(entry["decode"]) if "decode" in entry else DEFAULT_DECODE)[task.bucket]
         same = [i for i, c in enumerate(cands) if GemvKnobs(*c) == knob]
     else:
         knob = tile_knobs(entry.get("tiles"), task.wgmma)[task.bucket]
@@ -183,7 +203,7 @@ def incumbent(task: KnobTask, entry: dict | None) -> dict[str, int] | None:
 
 def instantiate(task: KnobTask, values: dict) -> tirx.PrimFunc:
     """The real kernel with the knobs `values` (every bucket of the knob's space gets them)."""
-    from . import gemm_k, gemm_mn
+    from . import gated_kernel
 
     extra = {}
     if task.space == "cpu":
@@ -192,11 +212,8 @@ def instantiate(task: KnobTask, values: dict) -> tirx.PrimFunc:
         extra["decode_knobs"] = (GemvKnobs(*values["variant"]),) * len(DECODE_BUCKETS)
     else:
         extra["tile_knobs"] = (tile_knob(values["variant"]),) * len(DEFAULT_TILES)
-    target_kind = "llvm" if task.space == "cpu" else "cuda"
-    if task.kind == "gemm_k":
-        return gemm_k(task.groups, task.group_size, task.dim, task.dtype, task.layout, target_kind, **extra)
-    return gemm_mn(task.groups, task.group_size, task.dim, task.dtype, task.layout, task.kind == "gemm_mn_swiglu",
-                   target_kind, **extra)
+    return gated_kernel(task.kind, task.groups, task.group_size, task.dim, task.dtype, task.layout,
+                        "llvm" if task.space == "cpu" else "cuda", **extra)
 
 
 def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params=None) -> tvm.runtime.Module:

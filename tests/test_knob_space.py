@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 
-import numpy as np
 import pytest
 
 from wide_tvm.cuda_aot import prepare_cuda_aot
@@ -20,12 +19,6 @@ from wide_tvm.kernel_reference import ref_gemm_k, ref_gemm_mn, rel_err  # noqa: 
 from wide_tvm.knob_tuning import database_entries, measured, open_database  # noqa: E402
 from wide_tvm.schedules import knob_space as ks  # noqa: E402
 from wide_tvm.targets import parse_target  # noqa: E402
-
-
-def _scheduled(task: ks.KnobTask, decisions: dict | None = None) -> tvm.IRModule:
-    sch = tvm.s_tir.Schedule(ks.template(task), seed=1)
-    ks.sample_knobs(sch, decisions)
-    return sch
 
 
 def _args_info(mod: tvm.IRModule) -> list:
@@ -43,7 +36,7 @@ def test_every_cpu_candidate_builds_from_the_template_and_computes_the_kernel(ki
     target = parse_target("llvm")
     assert task.tokens == ks.CPU_TOKENS[bucket] and task.size() == len(ks.all_decisions(task))
     for decisions in ks.all_decisions(task):
-        sch = _scheduled(task, decisions)
+        sch = ks.scheduled(task, decisions)
         values = ks.knob_values(sch.mod)
         assert ks.decisions_of(task, values) == decisions
         lib = ks.build_candidate(sch.mod, target)
@@ -62,7 +55,7 @@ def test_every_cpu_candidate_builds_from_the_template_and_computes_the_kernel(ki
 
 def test_mutator_moves_one_decision_and_measured_points_are_skipped():
     task = ks.KnobTask("gemm_k", 4, 32, 256, "float32", "kn", "cpu", 0)
-    sch = _scheduled(task, {"bm": 0, "bn": 0})
+    sch = ks.scheduled(task, {"bm": 0, "bn": 0})
     mutator = ks.CategoricalMutator(seed=3)
     for _ in range(10):
         trace = mutator.apply(sch.trace)
@@ -71,7 +64,7 @@ def test_mutator_moves_one_decision_and_measured_points_are_skipped():
         assert sum(a != b for a, b in zip(before, after)) == 1
         assert all(0 <= a < len(c) for a, c in zip(after, task.choices().values()))
     skip = ks.SkipMeasured({ks.knob_key(sch.mod)})
-    assert not skip.apply(sch) and skip.apply(_scheduled(task, {"bm": 1, "bn": 0}))
+    assert not skip.apply(sch) and skip.apply(ks.scheduled(task, {"bm": 1, "bn": 0}))
 
 
 def test_cuda_tasks_cover_the_direct_and_many_token_kernels():
@@ -106,7 +99,7 @@ def test_cuda_candidates_build_from_the_template():
         task = ks.KnobTask(kind, 4, 64, 128, "float16", "tc", space, 1 if space == "decode" else 2, wgmma=True)
         if decisions is None:  # the first wgmma candidate
             decisions = {"variant": next(i for i, v in enumerate(task.choices()["variant"]) if v[0] == "wgmma")}
-        sch = _scheduled(task, decisions)
+        sch = ks.scheduled(task, decisions)
         lib = ks.build_candidate(sch.mod, target)
         assert [m.kind for m in lib.imports] == ["cuda"]
         src = lib.imports[0].inspect_source()
@@ -114,7 +107,7 @@ def test_cuda_candidates_build_from_the_template():
 
 
 def _record(db, task: ks.KnobTask, decisions: dict, us: float) -> None:
-    sch = _scheduled(task, decisions)
+    sch = ks.scheduled(task, decisions)
     wl = db.commit_workload(ks.template(task))
     db.commit_tuning_record(ms.database.TuningRecord(sch.trace, wl, [us * 1e-6] * 3, parse_target("llvm"),
                                                      ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])))
@@ -161,9 +154,9 @@ def test_incumbent_is_what_the_kernel_runs_without_the_database():
     from wide_tvm.bench.workloads import MN_VARIANTS, TILE_VARIANTS
 
     cpu = ks.KnobTask("gemm_mn_swiglu", 4, 32, 64, "float32", "nk", "cpu", 1)
-    assert ks.knob_values(_scheduled(cpu, ks.incumbent(cpu, None)).mod) == {"bm": 8, "bn": 32}  # tile_config
+    assert ks.knob_values(ks.scheduled(cpu, ks.incumbent(cpu, None)).mod) == {"bm": 8, "bn": 32}  # tile_config
     entry = {"cpu": [{"bm": 1, "bn": 8}, {"bm": 4, "bn": 32}, None]}
-    assert ks.knob_values(_scheduled(cpu, ks.incumbent(cpu, entry)).mod) == {"bm": 4, "bn": 32}
+    assert ks.knob_values(ks.scheduled(cpu, ks.incumbent(cpu, entry)).mod) == {"bm": 4, "bn": 32}
     dec = ks.KnobTask("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", "decode", 2)
     assert ks.incumbent(dec, None) == {"variant": MN_VARIANTS.index((4, 4))}  # GemvKnobs() defaults
     assert ks.incumbent(dec, {"decode": [[8, 2, 1, 0, 1, 1]] * 5}) == {"variant": MN_VARIANTS.index((8, 2))}

@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-import tvm
 from conftest import build_cpu
 
 import wide_tvm
@@ -79,7 +78,7 @@ def test_wide_tune_cpu_resumes_and_compile_applies_it(exported, tmp_path, capsys
     """wide-tune runs MetaSchedule over every CPU knob task of the model into a JSON database; a rerun measures
     only points not measured yet (and nothing once --trials are in), and wide-compile applies the fastest."""
     from wide_tvm.knob_tuning import open_database
-    from wide_tvm.schedules.knob_space import knob_key, task_of
+    from wide_tvm.schedules.knob_space import knob_key, replayed, task_of
 
     path, model, cfg = exported("default", "onnx")
     out = str(tmp_path / "tl")
@@ -88,9 +87,7 @@ def test_wide_tune_cpu_resumes_and_compile_applies_it(exported, tmp_path, capsys
         keys = []
         for rec in open_database(out).get_all_tuning_records():
             assert max(float(s) for s in rec.run_secs) < 1e9  # every candidate built and ran
-            sch = tvm.s_tir.Schedule(rec.workload.mod)
-            rec.trace.apply_to_schedule(sch, remove_postproc=True)
-            keys.append((task_of(rec.workload.mod).name, knob_key(sch.mod)))
+            keys.append((task_of(rec.workload.mod).name, knob_key(replayed(rec.workload.mod, rec.trace))))
         return keys
 
     assert tune_main([path, "--target", "llvm", "--trials", "1", "--out", out]) == 0

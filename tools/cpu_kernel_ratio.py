@@ -16,7 +16,7 @@ import tvm
 from wide_tvm.kernel_reference import make_mask, ref_gemm_k, ref_mask_reorder, rel_err
 from wide_tvm.schedules import gemm_k
 from wide_tvm.schedules.tiles import TileConfig
-from wide_tvm.tune import time_call
+from wide_tvm.bench.cpu import time_call
 
 G, GS, N = 112, 128, 4096
 

@@ -66,9 +66,14 @@ def save(folder: str, entries: dict, target: str, command: str, hardware: str | 
     merged.update(entries)
     doc = {"target": target, "hardware": hardware or host_cpu(),
            "date": datetime.date.today().isoformat(), "command": command, "entries": merged}
+    return _write_json(path, doc, sort_keys=True)
+
+
+def _write_json(path: str, doc, **dump_args) -> str:
+    """Write PATH through a temporary file and a rename: never half-written."""
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
+        json.dump(doc, f, indent=1, **dump_args)
     os.replace(tmp, path)
     return path
 
@@ -85,8 +90,4 @@ def record_run(folder: str, target: str, command: str, tasks: list[str], hardwar
             runs = json.load(f)
     runs.append({"target": target, "hardware": hardware or host_cpu(), "date": datetime.date.today().isoformat(),
                  "command": command, "tasks": tasks})
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(runs, f, indent=1)
-    os.replace(tmp, path)
-    return path
+    return _write_json(path, runs)

@@ -16,8 +16,8 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from .schedules.knob_space import (KnobTask, alloc_args, build_candidate, incumbent, knob_key, run_evaluator,
-                                   sample_knobs, space_generator, template)
+from .schedules.knob_space import (KnobTask, alloc_args, build_candidate, incumbent, knob_key, knob_values,
+                                   replayed, run_evaluator, scheduled, space_generator, task_of, template)
 
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
@@ -33,12 +33,7 @@ def measured(db: ms.database.Database, mod: tvm.IRModule) -> set:
     """The knob points the database holds records of for a workload (knob_space.knob_key of each)."""
     if not db.has_workload(mod):
         return set()
-    points = set()
-    for rec in db.get_top_k(db.commit_workload(mod), 1 << 20):
-        sch = tvm.s_tir.Schedule(mod)
-        rec.trace.apply_to_schedule(sch, remove_postproc=True)
-        points.add(knob_key(sch.mod))
-    return points
+    return {knob_key(replayed(mod, rec.trace)) for rec in db.get_top_k(db.commit_workload(mod), 1 << 20)}
 
 
 @derived_object
@@ -61,13 +56,9 @@ def _runner(target: tvm.target.Target) -> ms.runner.LocalRunner:
 
 
 def measure_points(points: list, target, builder, runner, db) -> None:
-    """Build and time given (task, decisions) points with MetaSchedule's builder and runner, and commit their
-    records (a failed build or run as 1e10 s, as MetaSchedule records it)."""
-    scheds = []
-    for task, decisions in points:
-        sch = tvm.s_tir.Schedule(template(task))
-        sample_knobs(sch, decisions)
-        scheds.append(sch)
+    """Build and time given (template, schedule of it) points with MetaSchedule's builder and runner, and commit
+    their records (a failed build or run as 1e10 s, as MetaSchedule records it)."""
+    scheds = [sch for _, sch in points]
     args = [ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"]) for sch in scheds]
     builds = builder.build([ms.builder.BuilderInput(sch.mod, target) for sch in scheds])
     ok = [i for i, b in enumerate(builds) if b.error_msg is None]
@@ -78,9 +69,8 @@ def measure_points(points: list, target, builder, runner, db) -> None:
         res = fut.result()
         if res.error_msg is None:
             secs[i] = [float(t) for t in res.run_secs]
-    for i, sch in enumerate(scheds):
-        workload = db.commit_workload(template(points[i][0]))
-        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, secs[i], target, args[i]))
+    for i, (mod, sch) in enumerate(points):
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), secs[i], target, args[i]))
 
 
 def tune_tasks(tasks: list[KnobTask], target: tvm.target.Target, out: str, trials: int, force: bool,
@@ -103,10 +93,9 @@ def tune_tasks(tasks: list[KnobTask], target: tvm.target.Target, out: str, trial
             continue
         first = incumbent(task, file_entries.get(task.key))
         if first is not None:
-            sch = tvm.s_tir.Schedule(mod)
-            sample_knobs(sch, first)
+            sch = scheduled(task, first, mod)
             if knob_key(sch.mod) not in done:
-                seeds.append((task, first))
+                seeds.append((task, mod, sch))
                 done = done | {knob_key(sch.mod)}
                 want -= 1
         todo.append((task, mod, want, done))
@@ -116,7 +105,7 @@ def tune_tasks(tasks: list[KnobTask], target: tvm.target.Target, out: str, trial
     runner = _runner(target)
     bars = [progress.add_task(task.name, total=want + any(s[0] == task for s in seeds)) for task, _, want, _ in todo]
     if seeds:
-        measure_points(seeds, target, builder, runner, db)
+        measure_points([(mod, sch) for _, mod, sch in seeds], target, builder, runner, db)
         for bar, (task, *_) in zip(bars, todo):
             progress.advance(bar, sum(s[0] == task for s in seeds))
     searched = [(i, t) for i, t in enumerate(todo) if t[2] > 0]
@@ -146,41 +135,36 @@ def _search(todo: list, progress, bars: list, target, builder, runner, db) -> No
             task_scheduler="round-robin")
 
 
-def best_records(folder: str) -> dict[KnobTask, tuple[float, dict]]:
-    """Per knob task in FOLDER's database: (mean seconds, knob values) of its fastest record."""
-    from .schedules.knob_space import knob_values, task_of
-
+def task_records(folder: str) -> list:
+    """(task, record) for every record of a knob task in FOLDER's database (none without a database)."""
     if not os.path.exists(os.path.join(folder, RECORD_FILE)):
-        return {}
+        return []
+    records = [(task_of(rec.workload.mod), rec) for rec in open_database(folder).get_all_tuning_records()]
+    return [(task, rec) for task, rec in records if task is not None]  # not other workloads
+
+
+def best_records(folder: str, records: list | None = None) -> dict[KnobTask, tuple[float, dict]]:
+    """Per knob task in FOLDER's database (or `records`, task_records' list): (mean seconds, knob values) of its
+    fastest record."""
     best = {}
-    for rec in open_database(folder).get_all_tuning_records():
-        task = task_of(rec.workload.mod)
+    for task, rec in task_records(folder) if records is None else records:
         secs = [float(s) for s in rec.run_secs or []]
-        if task is None or not secs or max(secs) >= 1e9:  # other workloads; failed builds or runs
+        if not secs or max(secs) >= 1e9:  # failed builds or runs
             continue
         mean = sum(secs) / len(secs)
         if task not in best or mean < best[task][0]:
             best[task] = (mean, rec)
-    picks = {}
-    for task, (mean, rec) in best.items():
-        sch = tvm.s_tir.Schedule(rec.workload.mod)
-        rec.trace.apply_to_schedule(sch, remove_postproc=False)
-        picks[task] = (mean, knob_values(sch.mod))
-    return picks
+    return {task: (mean, knob_values(replayed(rec.workload.mod, rec.trace))) for task, (mean, rec) in best.items()}
 
 
 def database_entries(folder: str, entries: dict) -> dict:
     """`entries` (kernel-knob entries) with every bucket the database tuned replaced by its fastest record;
     buckets it did not tune keep the entry's knobs, or None (the kernel's default)."""
-    from .schedules.gemv import DECODE_BUCKETS
-    from .schedules.tile_gemm import TILE_BUCKETS
-    from .schedules.tiles import CPU_BUCKETS
+    from .schedules.knob_space import ENTRY_FIELD, SPACE_TOKENS
 
     merged = {k: dict(v) for k, v in entries.items()}
-    slots = {"cpu": ("cpu", len(CPU_BUCKETS) + 1), "decode": ("decode", len(DECODE_BUCKETS)),
-             "tile": ("tiles", len(TILE_BUCKETS) + 1)}
     for task, (secs, values) in sorted(best_records(folder).items(), key=lambda kv: kv[0].name):
-        field, n = slots[task.space]
+        field, n = ENTRY_FIELD[task.space], len(SPACE_TOKENS[task.space])
         entry = merged.setdefault(task.key, {})
         old = entry.get(field)
         picks = list(old) if isinstance(old, list) else [old] * n  # one knob set for every bucket, or none
@@ -194,16 +178,13 @@ def database_entries(folder: str, entries: dict) -> dict:
 
 def summary(folder: str) -> str:
     """Markdown table of a database: per task, candidates measured and the fastest one's knobs and time."""
-    from .schedules.knob_space import task_of
-
     if not os.path.exists(os.path.join(folder, RECORD_FILE)):
         return f"{folder}: no MetaSchedule database"
+    records = task_records(folder)
     counts: dict = {}
-    for rec in open_database(folder).get_all_tuning_records():
-        task = task_of(rec.workload.mod)
-        if task is not None:
-            counts[task] = counts.get(task, 0) + 1
-    best = best_records(folder)
+    for task, _ in records:
+        counts[task] = counts.get(task, 0) + 1
+    best = best_records(folder, records)
     lines = ["| task | tokens | measured / space | fastest (us) | knobs |", "| --- | ---: | ---: | ---: | --- |"]
     for task in sorted(counts, key=lambda t: t.name):
         us, values = best.get(task, (float("nan"), {}))

@@ -11,10 +11,7 @@ sweep's candidates with `wide-bench run --sweep` and import them with `--from-sw
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
-
-import numpy as np
 
 from . import kernel_knobs
 from .errors import WideError
@@ -62,29 +59,6 @@ def model_kernels(model: str, target: str) -> list[KernelSpec]:
     return sorted((s for s in specs if s is not None), key=lambda s: s.key)
 
 
-def _build_cpu(spec: KernelSpec, tile):
-    import tvm
-
-    from .schedules import gemm_k, gemm_mn
-
-    if spec.kind == "gemm_k":
-        f = gemm_k(spec.groups, spec.group_size, spec.dim, spec.dtype, spec.layout, "llvm", cpu_tile=tile)
-    else:
-        f = gemm_mn(spec.groups, spec.group_size, spec.dim, spec.dtype, spec.layout, True, "llvm", cpu_tile=tile)
-    return tvm.compile(f.with_attr("global_symbol", "main"), target="llvm")["main"]
-
-
-def time_call(fn, args, reps: int = 5) -> float:
-    """Median wall time in microseconds (one warm-up call)."""
-    fn(*args)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn(*args)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)) * 1e6
-
-
 def from_sweep(paths: list[str]) -> dict:
     """Kernel-knob entries from `wide-bench run --sweep` JSONs measured on the GPU; a later file's picks replace
     an earlier one's (e.g. a sweep of the tile kernels alone over a full one)."""
@@ -101,15 +75,15 @@ def from_sweep(paths: list[str]) -> dict:
         picks = [best.get(f"{w.name}/{bucket}") for bucket in DECODE_BUCKETS]
         if None in picks:
             continue
-        kind = "gemm_k" if w.kind == "gemm_k" else ("gemm_mn_swiglu" if w.swiglu else "gemm_mn")
-        entries[kernel_knobs.kernel_key(kind, w.groups, w.group_size, w.dim, w.dtype)] = {
+        key = kernel_knobs.kernel_key(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype)
+        entries[key] = {
             "decode": [[p["warps"], p["unroll"], p.get("rows", 1), p.get("stages", 0), p.get("row_warps", 1),
                         p.get("ksplit", 1)] for p in picks],
             "us": [round(p.get("summed_us", p.get("kernel_us", 0.0)), 1) for p in picks],
             "timed_at_tokens": [p["tokens"] for p in picks]}
         tiles = [best.get(f"{w.name}/{b}") for b in TILE_SWEEP_BUCKETS]
         if None not in tiles:  # the many-token kernels' picks (sweeps since the tile GEMM)
-            entries[kernel_knobs.kernel_key(kind, w.groups, w.group_size, w.dim, w.dtype)].update(
+            entries[key].update(
                 tiles=[p["tile"] for p in tiles], tiles_us=[round(p["summed_us"], 1) for p in tiles],
                 tiles_timed_at_tokens=[p["tokens"] for p in tiles])
     return entries
@@ -122,7 +96,7 @@ def bench_kernels(target_kind: str) -> list[KernelSpec]:
         from .bench.cpu import CPU_WORKLOADS as workloads
     else:
         from .bench.workloads import LLAMA_8B as workloads
-    return [KernelSpec("gemm_mn_swiglu" if w.swiglu else w.kind, w.groups, w.group_size, w.dim, w.dtype,
+    return [KernelSpec(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype,
                        weight_layout(w.kind, w.group_size, w.dim, w.dtype, target_kind)) for w in workloads]
 
 
@@ -131,10 +105,9 @@ def weight_layout(kind: str, group_size: int, dim: int, dtype: str, target_kind:
     groups); on CUDA tensor-core tiles where the shape fits (as LowerGatedLayers decides)."""
     if target_kind == "llvm":
         return cpu_layout(kind)
-    from .schedules.gemv import supports_k, supports_mn
+    from .schedules.gemv import supports
 
-    fits = supports_k(group_size, dim, dtype) if kind == "gemm_k" else supports_mn(group_size, dim, dtype)
-    return "tc" if fits else "nk"
+    return "tc" if supports(kind, group_size, dim, dtype) else "nk"
 
 
 def cpu_layout(kind: str) -> str:

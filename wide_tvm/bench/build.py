@@ -21,9 +21,9 @@ from .. import kernel_knobs  # noqa: E402
 from ..compiler import REPO_TUNING_LOGS  # noqa: E402
 from ..kernel_knobs import kernel_key  # noqa: E402
 from ..passes import LowerGatedLayers, wide_pipeline  # noqa: E402
-from ..schedules import gemm_k, gemm_mn, mask_reorder  # noqa: E402
+from ..schedules import gated_kernel, mask_reorder  # noqa: E402
 from ..targets import has_wgmma, parse_target, target_folder  # noqa: E402
-from ..schedules.gemv import DECODE_BUCKETS, GemvKnobs, decode_knobs, supports_k, supports_mn  # noqa: E402
+from ..schedules.gemv import DECODE_BUCKETS, GemvKnobs, decode_knobs, supports  # noqa: E402
 from ..schedules.tile_gemm import DEFAULT_TILES, tile_knob, tile_knobs  # noqa: E402
 from .workloads import LLAMA_8B, SWEEPS, Workload, swept_variants, variants  # noqa: E402
 
@@ -32,15 +32,13 @@ def weight_layout_for(w: Workload, target_kind: str) -> str:
     """The layout wide-compile stores this workload's weights in: tensor-core tiles on CUDA where they fit."""
     if target_kind != "cuda":
         return "nk"
-    fits = supports_mn(w.group_size, w.k, w.dtype) if w.kind == "gemm_mn" else supports_k(w.group_size, w.n, w.dtype)
-    return "tc" if fits else "nk"
+    return "tc" if supports(w.kind, w.group_size, w.dim, w.dtype) else "nk"
 
 
 def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None, tile=None, wgmma: bool = False):
     """Our kernel for `w`: with `knobs` for every decode bucket, else the tuned entry, else defaults; with
     `tile`, those many-token tile knobs instead of the tuned ones (tuned wgmma picks only where `wgmma`)."""
-    kind = "gemm_k" if w.kind == "gemm_k" else ("gemm_mn_swiglu" if w.swiglu else "gemm_mn")
-    entry = (tuned or {}).get(kernel_key(kind, w.groups, w.group_size, w.dim, w.dtype), {})
+    entry = (tuned or {}).get(kernel_key(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype), {})
     extra = {}
     if knobs is not None:
         extra = {"decode_knobs": (knobs,) * len(DECODE_BUCKETS)}
@@ -49,10 +47,8 @@ def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None
     if target_kind == "cuda":
         extra["tile_knobs"] = ((tile_knob(tile),) * len(DEFAULT_TILES) if tile
                                else tile_knobs(entry.get("tiles"), wgmma))
-    layout = weight_layout_for(w, target_kind)
-    if w.kind == "gemm_mn":
-        return gemm_mn(w.groups, w.group_size, w.k, w.dtype, layout, w.swiglu, target_kind, **extra)
-    return gemm_k(w.groups, w.group_size, w.n, w.dtype, layout, target_kind, **extra)
+    return gated_kernel(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype, weight_layout_for(w, target_kind),
+                        target_kind, **extra)
 
 
 def our_kernels(workloads: list[Workload], target_kind: str, sweep: str | None = None, tuned: dict | None = None,

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+import time
+
 from ..kernel_reference import make_mask, ref_mask_reorder
-from ..tune import KernelSpec, _build_cpu, cpu_layout, time_call
+from ..tune import KernelSpec, cpu_layout
 from .workloads import Workload
 
 CPU_WORKLOADS = [  # Llama-3.1-8B FFN shapes in fp32 (x86 has no fast fp16 arithmetic); gemm_k weights [K, N]
@@ -15,13 +17,33 @@ CPU_WORKLOADS = [  # Llama-3.1-8B FFN shapes in fp32 (x86 has no fast fp16 arith
 ]
 
 
+def time_call(fn, args, reps: int = 5) -> float:
+    """Median wall time in microseconds (one warm-up call)."""
+    fn(*args)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) * 1e6
+
+
+def build_cpu(spec: KernelSpec, tile):
+    """Our CPU kernel for `spec` with `tile` (None: the default tiles), compiled for this machine."""
+    import tvm
+
+    from ..schedules import gated_kernel
+
+    f = gated_kernel(spec.kind, spec.groups, spec.group_size, spec.dim, spec.dtype, spec.layout, "llvm",
+                     cpu_tile=tile)
+    return tvm.compile(f.with_attr("global_symbol", "main"), target="llvm")["main"]
+
+
 def run_cpu(tokens=(1, 16, 64), sparsity: float = 0.5, knobs: dict | None = None, progress=print) -> dict:
     import torch
     import tvm
-    from tvm import relax
     from tvm.runtime import vm as rvm
 
-    from ..kernel_knobs import kernel_key
     from ..passes import LowerGatedLayers, wide_pipeline
     from ..schedules.tiles import tiles_from_log
     from ..targets import parse_target
@@ -34,11 +56,10 @@ def run_cpu(tokens=(1, 16, 64), sparsity: float = 0.5, knobs: dict | None = None
     rng = np.random.default_rng(0)
     rows = []
     for w in CPU_WORKLOADS:
-        kind = "gemm_mn_swiglu" if w.swiglu else w.kind
-        spec = KernelSpec(kind, w.groups, w.group_size, w.dim, w.dtype, cpu_layout(w.kind))
-        entry = (knobs or {}).get(kernel_key(kind, w.groups, w.group_size, w.dim, w.dtype), {})
+        spec = KernelSpec(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype, cpu_layout(w.kind))
+        entry = (knobs or {}).get(spec.key, {})
         tile = tiles_from_log(entry["cpu"]) if "cpu" in entry else None
-        fn = _build_cpu(spec, tile)
+        fn = build_cpu(spec, tile)
         wcat = (rng.standard_normal((w.n * w.weights, w.k)) / np.sqrt(w.k)).astype(w.dtype)
         wt = torch.from_numpy(wcat)
         wtvm = tvm.runtime.tensor(wcat)

@@ -42,6 +42,11 @@ class Workload:
         return 2 if self.swiglu else 1
 
     @property
+    def kernel_kind(self) -> str:
+        """The kind kernel_knobs.kernel_key and schedules.gated_kernel name it by: gemm_mn_swiglu, gemm_mn, gemm_k."""
+        return "gemm_mn_swiglu" if self.swiglu else self.kind
+
+    @property
     def kernel(self) -> str:
         return f"bench_{self.name}"
 

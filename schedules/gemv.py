@@ -232,6 +232,36 @@ def _row_warps(request: int, warps: int, tiles: int) -> int:
     return rb
 
 
+def mn_plan(group_size: int, k_dim: int, swiglu: bool, max_tokens: int, knobs: GemvKnobs,
+            direct: bool = True) -> GemvKnobs:
+    """The knobs gemv_mn_body actually runs with: `knobs` fitted to the registers, shared memory and K (unroll,
+    then warps, then stages shrink), row_warps and ksplit to what divides (direct kernels only; token tiles
+    take neither, nor a ring). Knob sets with the same plan build the same kernel."""
+    nw = 2 if swiglu else 1  # weight matrices
+    nacc = nw * (max_tokens // 8) * 4
+    ch = k_dim // CHUNK
+    u, w = fit_registers(knobs.unroll, max_tokens), fit_partials(knobs.warps, nacc)
+    s, u, w = _fit_ring(knobs.stages if direct else 0, u, w, nw * 2, lambda n: n * nacc * 128)
+    rb = _row_warps(knobs.row_warps if direct else 1, w, group_size // ROWS)
+    ks, kb = w // rb, knobs.ksplit if direct else 1
+    while ch % (kb * u * ks):  # every step loads U full chunks per warp: no bounds branches between the loads
+        u, ks, kb = (u // 2, ks, kb) if u > 1 else ((u, ks // 2, kb) if ks > 1 else (u, ks, kb // 2))
+    return GemvKnobs(warps=ks * rb, unroll=u, rows=1, stages=s, row_warps=rb, ksplit=kb)
+
+
+def k_plan(groups: int, n_dim: int, max_tokens: int, knobs: GemvKnobs, direct: bool = True) -> GemvKnobs:
+    """The knobs gemv_k_body actually runs with (as mn_plan): rows to 1 unless it divides N's row tiles, then
+    unroll, warps and stages fitted to the registers and shared memory (with the block's used-group list)."""
+    rt = knobs.rows if n_dim % (ROWS * knobs.rows) == 0 else 1
+    nacc = rt * (max_tokens // 8) * 4
+    nwd = bit_words(max_tokens)
+    list_bytes = lambda w: (groups + 1 + w + nwd * (groups + 1)) * 4  # noqa: E731  used list, scratch, bit sets
+    u, w = fit_registers(knobs.unroll, max_tokens), fit_partials(knobs.warps, nacc, list_bytes(knobs.warps))
+    s, u, w = _fit_ring(knobs.stages if direct else 0, u, w, rt * 2, lambda n: n * nacc * 128 + list_bytes(n))
+    rb = _row_warps(knobs.row_warps if direct else 1, w, n_dim // (ROWS * rt))
+    return GemvKnobs(warps=w, unroll=u, rows=rt, stages=s, row_warps=rb, ksplit=knobs.ksplit if direct else 1)
+
+
 def token_tile(byk, splits: int):
     """Token tile of grid row byk (grid rows are token tiles x K splits; one of the two counts is 1)."""
     return byk // splits
@@ -343,22 +373,17 @@ def gemv_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, max_tok
     sorted tokens of the reorder (a tile past the group's count only writes its zeros)."""
     G, gs, K = groups, group_size, k_dim
     N = G * gs
-    W, U = knobs.warps, knobs.unroll
     NW = 2 if swiglu else 1
     MT = max_tokens
     NT = MT // 8
     CH = K // CHUNK
     NACC = NW * NT * 4
     direct = not token_tiles
-    U, W = fit_registers(U, MT), fit_partials(W, NACC)
-    S, U, W = _fit_ring(knobs.stages if direct else 0, U, W, NW * 2, lambda w: w * NACC * 32 * 4)
+    plan = mn_plan(group_size, k_dim, swiglu, max_tokens, knobs, direct)
+    W, U, S, KB = plan.warps, plan.unroll, plan.stages, plan.ksplit  # KB: blocks splitting K, CHB chunks each
     TPG = gs // ROWS  # row tiles per group
-    RB = _row_warps(knobs.row_warps if direct else 1, W, TPG)  # a block's row tiles, all of one group
+    RB = plan.row_warps  # a block's row tiles, all of one group
     KS = W // RB  # warps splitting K per row tile
-    KB = knobs.ksplit if direct else 1  # blocks splitting K, CHB chunks each
-    while CH % (KB * U * KS):  # every step loads U full chunks per warp: no bounds branches between the loads
-        U, KS, KB = (U // 2, KS, KB) if U > 1 else ((U, KS // 2, KB) if KS > 1 else (U, KS, KB // 2))
-    W = KS * RB
     CHB = CH // KB
     steps = CHB // (U * KS)
     VEC = NW * 2  # 16-byte weight vectors per lane and chunk
@@ -567,22 +592,17 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
     n <= max_tokens (8 to 64), or, with `token_tiles`, any n in grid rows of `max_tokens` tokens. Each block
     builds the list of groups its tokens run from the mask (decode needs no reorder launch)."""
     G, gs, N = groups, group_size, n_dim
-    W, U, RT = knobs.warps, knobs.unroll, knobs.rows
     MT = max_tokens
     NT = MT // 8
     LPG = gs // CHUNK  # chunks per group slice
-    if N % (ROWS * RT):
-        RT = 1
-    NACC = RT * NT * 4
     NWD = bit_words(MT)
-    list_bytes = lambda w: (G + 1 + w + NWD * (G + 1)) * 4  # noqa: E731  the used list, scratch, bit sets
     direct = not token_tiles
-    VEC = RT * 2  # 16-byte weight vectors per lane and chunk
-    U, W = fit_registers(U, MT), fit_partials(W, NACC, list_bytes(W))
-    S, U, W = _fit_ring(knobs.stages if direct else 0, U, W, VEC, lambda w: w * NACC * 32 * 4 + list_bytes(w))
-    RB = _row_warps(knobs.row_warps if direct else 1, W, N // (ROWS * RT))  # a block's row-tile groups
+    plan = k_plan(groups, n_dim, max_tokens, knobs, direct)
+    W, U, RT, S, KB = plan.warps, plan.unroll, plan.rows, plan.stages, plan.ksplit  # KB: blocks splitting used K
+    RB = plan.row_warps  # a block's row-tile groups
     KS = W // RB  # warps splitting K per row-tile group
-    KB = knobs.ksplit if direct else 1  # blocks splitting the used K chunks
+    NACC = RT * NT * 4
+    VEC = RT * 2  # 16-byte weight vectors per lane and chunk
     BITS = G + 1 + W  # where the decode token bit sets start in the shared list buffer
 
     def chunk(s, u, wy):

@@ -12,8 +12,12 @@ runner times it on valid masks (`alloc_args`), and the database keeps each trace
 
 from __future__ import annotations
 
+import ast
+import functools
+import hashlib
 import itertools
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, astuple, dataclass
 
 import numpy as np
 import tvm
@@ -21,10 +25,10 @@ from tvm import tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from ..bench.workloads import K_VARIANTS, MN_VARIANTS, TILE_VARIANTS, WGMMA_VARIANTS, Workload, wgmma_fits
+from ..bench.workloads import TILE_VARIANTS, WGMMA_VARIANTS, Workload, wgmma_fits
 from ..kernel_knobs import kernel_key
-from ..weight_layout import stored_shape
-from .gemv import DECODE_BUCKETS, DEFAULT_DECODE, DIRECT_TOKENS, GemvKnobs
+from ..weight_layout import LAYOUTS, pack, stored_shape
+from .gemv import DECODE_BUCKETS, DEFAULT_DECODE, DIRECT_TOKENS, GemvKnobs, bucket_tokens, k_plan, mn_plan
 from .root_block import with_root_block
 from .tile_gemm import DEFAULT_TILES, TILE_BUCKETS, tile_knob
 from .tiles import CPU_BUCKETS, TileConfig
@@ -38,6 +42,49 @@ KNOB = "wide.knob."  # root-block annotation prefix: wide.knob.<name> = index of
 # timed at, and the field of a kernel-knob entry that holds their knobs, one per bucket
 SPACE_TOKENS = {"cpu": CPU_TOKENS, "decode": DECODE_BUCKETS, "tile": TILE_TOKENS}
 ENTRY_FIELD = {"cpu": "cpu", "decode": "decode", "tile": "tiles"}
+# The direct (decode) kernels' knobs, each sampled on its own (schedules.gemv.GemvKnobs; rows: gemm_k only). Many
+# combinations build the same kernel once fitted to registers and shared memory (gemv.mn_plan / k_plan): such
+# points count as one (knob_key).
+DECODE_CHOICES = {"warps": (4, 8, 16, 32), "unroll": (1, 2, 4), "rows": (1, 2), "stages": (0, 2, 3, 4),
+                  "row_warps": (1, 2, 4), "ksplit": (1, 2, 4)}
+# The kernel modules each space's kernels are built from: a record timed on other code than today's is stale
+SPACE_SOURCES = {"cpu": ("gemm_mn", "gemm_k", "tiles", "weights", "dispatch"),
+                 "decode": ("gemm_mn", "gemm_k", "gemv", "weights", "dispatch"),
+                 "tile": ("gemm_mn", "gemm_k", "gemv", "tile_gemm", "wgmma_gemm", "mask_reorder", "weights",
+                          "dispatch")}
+KINDS = ("gemm_mn_swiglu", "gemm_mn", "gemm_k")
+CHECK_TOKENS = 8  # output rows (tokens) the runner checks against NumPy after timing a candidate
+CHECK_TOLERANCE = 2e-2  # max |out - ref| / max |ref| a candidate may reach (fp16 kernels: ~3e-4)
+
+
+@functools.cache
+def code_version(space: str) -> str:
+    """A hash of the code of the kernel modules behind a space (their syntax trees without docstrings, so
+    comments, formatting and docs do not count): recorded in every template, so that records timed on older
+    kernels are told apart from current ones. The trees are written out by _canonical, not ast.dump, whose
+    output differs between Python versions (3.12 added empty type_params): the GPU host runs 3.12."""
+    digest = hashlib.sha256()
+    for name in SPACE_SOURCES[space]:
+        with open(os.path.join(os.path.dirname(__file__), f"{name}.py"), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+        digest.update(_canonical(tree).encode())
+    return digest.hexdigest()[:16]
+
+
+def _canonical(node) -> str:
+    """A syntax tree as text: node types and their non-empty fields (no positions)."""
+    if isinstance(node, ast.AST):
+        fields = ((f, getattr(node, f, None)) for f in node._fields)
+        return f"{type(node).__name__}(" + ",".join(f"{f}={_canonical(v)}" for f, v in fields
+                                                     if v is not None and v != []) + ")"
+    if isinstance(node, list):
+        return "[" + ",".join(_canonical(v) for v in node) + "]"
+    return repr(node)
 
 
 @dataclass(frozen=True)
@@ -83,7 +130,7 @@ class KnobTask:
         if self.space == "cpu":
             return {"bm": CPU_BM, "bn": tuple(bn for bn in CPU_BN if self.cpu_width % bn == 0)}
         if self.space == "decode":
-            return {"variant": MN_VARIANTS if w.kind == "gemm_mn" else K_VARIANTS}
+            return {k: v for k, v in DECODE_CHOICES.items() if k != "rows" or w.kind == "gemm_k"}
         wg = tuple(v for v in WGMMA_VARIANTS if wgmma_fits(w, v)) if self.wgmma else ()
         return {"variant": TILE_VARIANTS + wg}
 
@@ -106,12 +153,24 @@ def kernel_tasks(kind: str, groups: int, group_size: int, dim: int, dtype: str, 
 
 
 def signature(task: KnobTask) -> list[tuple[str, tuple, str]]:
-    """(name, shape, dtype) of the kernel's parameters at the task's token count."""
+    """(name, shape, dtype) of the kernel's parameters at the task's token count, then a `task` tag whose length
+    names the kernel kind and weight layout (task_tag): the runner, which gets only shapes, needs both to
+    check a candidate's output. The built candidate takes the tag and ignores it."""
     m, g, w = task.tokens, task.groups, task.workload
     weights = [(name, stored_shape(task.layout, w.n, w.k), task.dtype)  # gemm_mn takes W_up even without SwiGLU
                for name in ("wg", "wu")[:1 if task.kind == "gemm_k" else 2]]
     return ([("x", (m, w.k), task.dtype), *weights, ("mask", (m, g), "int32"), ("counts", (g,), "int32"),
-             ("order", (g, m), "int32"), ("used", (g + 1,), "int32"), ("out", (m, w.n), task.dtype)])
+             ("order", (g, m), "int32"), ("used", (g + 1,), "int32"), ("out", (m, w.n), task.dtype),
+             ("task", (task_tag(task.kind, task.layout),), "int8")])
+
+
+def task_tag(kind: str, layout: str) -> int:
+    return 1 + KINDS.index(kind) * len(LAYOUTS) + LAYOUTS.index(layout)
+
+
+def tag_task(tag: int) -> tuple[str, str]:
+    """(kind, layout) of a task tag's length."""
+    return KINDS[(tag - 1) // len(LAYOUTS)], LAYOUTS[(tag - 1) % len(LAYOUTS)]
 
 
 def template(task: KnobTask) -> tvm.IRModule:
@@ -121,7 +180,7 @@ def template(task: KnobTask) -> tvm.IRModule:
     args = ", ".join(f'{n}: T.Buffer({tuple(s)}, "{d}")' for n, s, d in signature(task))
     func = tvm.script.from_source(f"@T.prim_func\ndef main({args}):\n    T.evaluate(0)\n", extra_vars={"T": T},
                                   s_tir=True)
-    attrs = {f"wide.{k}": v for k, v in asdict(task).items()}
+    attrs = {f"wide.{k}": v for k, v in asdict(task).items()} | {"wide.code": code_version(task.space)}
     return tvm.IRModule({"main": with_root_block(func).with_attrs({"global_symbol": "main", **attrs})})
 
 
@@ -134,6 +193,12 @@ def task_of(mod: tvm.IRModule) -> KnobTask | None:
     fields = KnobTask.__dataclass_fields__
     conv = {"groups": int, "group_size": int, "dim": int, "bucket": int, "wgmma": bool}
     return KnobTask(**{k: conv.get(k, str)(attrs[f"wide.{k}"]) for k in fields})
+
+
+def is_current(mod: tvm.IRModule) -> bool:
+    """Whether a template (or a record's workload) was made by today's kernel code (code_version)."""
+    task = task_of(mod)
+    return task is not None and str(mod["main"].attrs.get("wide.code", "")) == code_version(task.space)
 
 
 def sample_knobs(sch: tvm.s_tir.Schedule, decisions: dict[str, int] | None = None) -> None:
@@ -165,7 +230,27 @@ def knob_values(mod: tvm.IRModule) -> dict:
     """The candidate values a scheduled template's root block selects, by knob name."""
     task = task_of(mod)
     ann = mod["main"].body.block.annotations
+    if task.space == "decode" and KNOB + "variant" in ann:  # a record of the space's first form: one variant list
+        from ..bench.workloads import K_VARIANTS, MN_VARIANTS
+
+        knobs = GemvKnobs(*(K_VARIANTS if task.kind == "gemm_k" else MN_VARIANTS)[int(ann[KNOB + "variant"])])
+        return {name: getattr(knobs, name) for name in task.choices()}
     return {name: cands[int(ann[KNOB + name])] for name, cands in task.choices().items()}
+
+
+def decode_plan(task: KnobTask, values: dict) -> GemvKnobs:
+    """The knobs a direct-kernel candidate really runs with (gemv.mn_plan / k_plan)."""
+    knobs, tokens = GemvKnobs(**values), bucket_tokens(task.tokens)
+    if task.kind == "gemm_k":
+        return k_plan(task.groups, task.dim, tokens, knobs)
+    return mn_plan(task.group_size, task.dim, task.kind == "gemm_mn_swiglu", tokens, knobs)
+
+
+def entry_value(task: KnobTask, values: dict):
+    """A candidate's knobs as a kernel-knob entry holds one bucket's (kernel_knobs.json, database_entries)."""
+    if task.space == "decode":
+        return list(astuple(GemvKnobs(**values)))
+    return dict(values) if "variant" not in values else list(values["variant"])
 
 
 def decisions_of(task: KnobTask, values: dict) -> dict[str, int] | None:
@@ -191,25 +276,26 @@ def incumbent(task: KnobTask, entry: dict | None) -> dict[str, int] | None:
         tiles = tiles_from_log(entry["cpu"]) if "cpu" in entry else None
         tile = cpu_tiles(tiles, tile_config("llvm", task.cpu_width))[task.bucket]
         return decisions_of(task, {"bm": tile.bm, "bn": tile.bn})
-    cands = task.choices()["variant"]
     if task.space == "decode":
         knob = (decode_knobs(entry["decode"]) if "decode" in entry else DEFAULT_DECODE)[task.bucket]
-        same = [i for i, c in enumerate(cands) if GemvKnobs(*c) == knob]
-    else:
-        knob = tile_knobs(entry.get("tiles"), task.wgmma)[task.bucket]
-        same = [i for i, c in enumerate(cands) if tile_knob(c) == knob]
+        return decisions_of(task, {name: getattr(knob, name) for name in task.choices()})
+    cands = task.choices()["variant"]
+    knob = tile_knobs(entry.get("tiles"), task.wgmma)[task.bucket]
+    same = [i for i, c in enumerate(cands) if tile_knob(c) == knob]
     return {"variant": same[0]} if same else None
 
 
 def instantiate(task: KnobTask, values: dict) -> tirx.PrimFunc:
-    """The real kernel with the knobs `values` (every bucket of the knob's space gets them)."""
+    """The real kernel with the knobs `values` (direct kernels: in the task's bucket, the others at their
+    defaults; CPU and many-token kernels: every bucket of the space gets them)."""
     from . import gated_kernel
 
     extra = {}
     if task.space == "cpu":
         extra["cpu_tile"] = TileConfig(values["bm"], values["bn"])
     elif task.space == "decode":
-        extra["decode_knobs"] = (GemvKnobs(*values["variant"]),) * len(DECODE_BUCKETS)
+        extra["decode_knobs"] = tuple(GemvKnobs(**values) if b == task.bucket else knobs
+                                      for b, knobs in enumerate(DEFAULT_DECODE))
     else:
         extra["tile_knobs"] = (tile_knob(values["variant"]),) * len(DEFAULT_TILES)
     return gated_kernel(task.kind, task.groups, task.group_size, task.dim, task.dtype, task.layout,
@@ -219,9 +305,14 @@ def instantiate(task: KnobTask, values: dict) -> tirx.PrimFunc:
 def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params=None) -> tvm.runtime.Module:
     """MetaSchedule builder function: the kernel a scheduled template selects, compiled for `target`."""
     task = task_of(mod)
-    func = instantiate(task, knob_values(mod)).with_attr("global_symbol", "main")
+    func = with_tag(instantiate(task, knob_values(mod)), mod["main"]).with_attr("global_symbol", "main")
     with target:
         return tvm.compile(tvm.IRModule({"main": func}), target).mod
+
+
+def with_tag(func: tirx.PrimFunc, template_func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """The kernel with the template's trailing `task` tag parameter added (unused)."""
+    return tirx.PrimFunc([*func.params, template_func.params[-1]], func.body, func.ret_type, func.attrs)
 
 
 _ARGS_CACHE: dict = {}  # runner worker: the last few argument sets, reused by the candidates of a task
@@ -230,7 +321,8 @@ _ARGS_CACHE: dict = {}  # runner worker: the last few argument sets, reused by t
 def alloc_args(device, args_info, alloc_repeat: int) -> list:
     """MetaSchedule runner allocator: random activations and weights, and a 50 % random mask with its reorder
     (counts, order, used) instead of random integers, which would index out of bounds. Seeded, and cached per
-    signature, so every candidate of a task is timed on the same inputs."""
+    signature, so every candidate of a task is timed on the same inputs. Each argument set's expected output
+    rows (CHECK_TOKENS tokens, NumPy) are kept for run_evaluator's check."""
     from ..kernel_reference import make_mask, ref_mask_reorder
 
     key = (str(device), repr(args_info), alloc_repeat)
@@ -238,36 +330,75 @@ def alloc_args(device, args_info, alloc_repeat: int) -> list:
         return _ARGS_CACHE[key]
     shapes = [tuple(info[2]) for info in args_info]
     dtypes = [info[1] for info in args_info]
-    tokens, groups = shapes[-5]  # ..., mask [tokens, G], counts, order, used, out
+    kind, layout = tag_task(shapes[-1][0])
+    tokens, groups = shapes[-6]  # x, weights..., mask [tokens, G], counts, order, used, out, task
+    (n, k), dtype = ((shapes[-2][1], shapes[0][1]), dtypes[0])
     rng = np.random.default_rng(0)
     repeated = []
     for _ in range(alloc_repeat):
         mask = make_mask("random", tokens, groups, rng, 0.5)
-        reorder = ref_mask_reorder(mask)
-        host = [(rng.random(s, dtype=np.float32) - 0.5).astype(d) for s, d in zip(shapes[:-5], dtypes[:-5])]
-        host += [mask, *reorder, np.zeros(shapes[-1], dtypes[-1])]
-        repeated.append([tvm.runtime.tensor(np.ascontiguousarray(a), device) for a in host])
+        x = (rng.random((tokens, k), dtype=np.float32) - 0.5).astype(dtype)
+        weights = [((rng.random((n, k), dtype=np.float32) - 0.5) / 8).astype(dtype) for _ in shapes[1:-6]]
+        host = [x, *(pack(w, layout) for w in weights), mask, *ref_mask_reorder(mask), np.zeros(shapes[-2], dtype),
+                np.zeros(shapes[-1], np.int8)]
+        args = [tvm.runtime.tensor(np.ascontiguousarray(a), device) for a in host]
+        rows = np.unique(np.concatenate([[0, tokens - 1], rng.integers(0, tokens, CHECK_TOKENS - 2)]))
+        _EXPECTED[id(args[-2])] = (rows, _expected(kind, x[rows], weights, mask[rows], n, groups))
+        repeated.append(args)
     while len(_ARGS_CACHE) >= 4:
-        _ARGS_CACHE.pop(next(iter(_ARGS_CACHE)))
+        for args in _ARGS_CACHE.pop(next(iter(_ARGS_CACHE))):
+            _EXPECTED.pop(id(args[-2]), None)
     _ARGS_CACHE[key] = repeated
     return repeated
+
+
+_EXPECTED: dict = {}  # id(out tensor of an argument set) -> (checked token rows, their expected output)
+
+
+def _expected(kind: str, x, weights, mask, n: int, groups: int) -> np.ndarray:
+    """NumPy reference of a few tokens' outputs (weights as [N, K])."""
+    from ..kernel_reference import ref_gemm_k, ref_gemm_mn
+
+    if kind == "gemm_k":
+        return ref_gemm_k(x, weights[0], mask, x.shape[1] // groups, "nk")
+    return ref_gemm_mn(x, weights[0], weights[1], mask, n // groups, "nk", kind == "gemm_mn_swiglu")
+
+
+def check_output(args) -> None:
+    """Raise when a candidate's output rows differ from the reference (the runner then records it as failed,
+    so a knob combination that computes garbage can never be the database's pick)."""
+    from ..kernel_reference import rel_err
+
+    rows, ref = _EXPECTED[id(args[-2])]
+    err = rel_err(args[-2].numpy()[rows], ref)
+    if not err < CHECK_TOLERANCE:
+        raise RuntimeError(f"wrong output: relative error {err:.2e} against NumPy (tolerance {CHECK_TOLERANCE})")
 
 
 def run_evaluator(rt_mod, device, evaluator_config, repeated_args) -> list[float]:
     """MetaSchedule runner evaluator. On a GPU each timed call follows an L2 flush (a read of 4x the L2, as
     wide-bench times them), so weights come from DRAM as in a model, not from an L2 that holds them after the
     previous call (Q/O's 32 MB fit the H200's L2 and ranked candidates differently unflushed); seconds per call,
-    repeat x number calls. On the CPU, MetaSchedule's own evaluator (caches flushed by the config)."""
+    repeat x number calls. On the CPU, MetaSchedule's own evaluator (caches flushed by the config). Then every
+    argument set's output is checked against NumPy (check_output)."""
     from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
 
     if device.dlpack_device_type() != 2:  # not kDLCUDA
-        return run_evaluator_common(rt_mod, device, evaluator_config, repeated_args)
+        costs = run_evaluator_common(rt_mod, device, evaluator_config, repeated_args)
+    else:
+        costs = _cuda_events(rt_mod[rt_mod.entry_name], evaluator_config, repeated_args)
+    for args in repeated_args:
+        check_output(args)
+    return costs
+
+
+def _cuda_events(fn, evaluator_config, repeated_args) -> list[float]:
+    """Seconds per call, each timed with CUDA events after an L2 flush."""
     import torch
 
     from ..bench.measure import l2_flush_buffer
 
     flush = l2_flush_buffer()
-    fn = rt_mod[rt_mod.entry_name]
     costs = []
     for args in repeated_args:
         for _ in range(3):  # warm-up
@@ -327,7 +458,11 @@ class SkipMeasured(ms.postproc.PyPostproc):
 
 
 def knob_key(mod: tvm.IRModule) -> tuple:
-    """The decisions a scheduled template carries, as a hashable key."""
+    """The point a scheduled template selects, as a hashable key: its decisions, or for the direct kernels the
+    plan they build (knob sets fitted to the same kernel are one point)."""
+    task = task_of(mod)
+    if task is not None and task.space == "decode":
+        return ("plan", *astuple(decode_plan(task, knob_values(mod))))
     ann = mod["main"].body.block.annotations
     return tuple(sorted((k, int(v)) for k, v in ann.items() if k.startswith(KNOB)))
 

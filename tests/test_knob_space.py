@@ -42,15 +42,42 @@ def test_every_cpu_candidate_builds_from_the_template_and_computes_the_kernel(ki
         lib = ks.build_candidate(sch.mod, target)
         args = ks.alloc_args(tvm.cpu(), _args_info(sch.mod), 1)[0]
         host = [a.numpy() for a in args]
-        mask = host[-5]
+        mask = host[-6]
         assert mask.shape == (task.tokens, groups) and 0 < mask.sum() < mask.size or task.tokens == 1
-        assert (host[-4] == mask.sum(axis=0)).all()  # counts of the mask, not random integers
+        assert (host[-5] == mask.sum(axis=0)).all()  # counts of the mask, not random integers
+        assert ks.tag_task(host[-1].size) == (kind, layout)  # the trailing tag names the kernel
         lib["main"](*args)
         if kind == "gemm_k":
             ref = ref_gemm_k(host[0], host[1], mask, gs, layout)
         else:
             ref = ref_gemm_mn(host[0], host[1], host[2], mask, gs, layout, True)
-        assert rel_err(args[-1].numpy(), ref) < 1e-5, values
+        assert rel_err(args[-2].numpy(), ref) < 1e-5, values
+        ks.check_output(args)  # the runner's own check agrees
+
+
+def test_runner_rejects_a_candidate_with_wrong_output():
+    """The runner checks every timed candidate's output rows against NumPy: a kernel that computes something
+    else (here the plain projection run on SwiGLU's inputs, by handing it its own tag) fails the evaluator, which
+    MetaSchedule then records as a failed run, never as a time; so does a single wrong element."""
+    import numpy as np
+
+    swiglu = ks.KnobTask("gemm_mn_swiglu", 4, 32, 64, "float32", "nk", "cpu", 1)
+    plain = ks.KnobTask("gemm_mn", 4, 32, 64, "float32", "nk", "cpu", 1)
+    target, cfg = parse_target("llvm"), ms.runner.EvaluatorConfig(number=1, repeat=2, min_repeat_ms=0)
+    sch = ks.scheduled(swiglu, {"bm": 0, "bn": 0})
+    args = ks.alloc_args(tvm.cpu(), _args_info(sch.mod), 1)[0]
+    costs = ks.run_evaluator(ks.build_candidate(sch.mod, target), tvm.cpu(), cfg, [args])
+    assert len(costs) == 2 and all(c > 0 for c in costs)  # the right kernel passes
+    out = args[-2].numpy()
+    rows, _ = ks._EXPECTED[id(args[-2])]
+    out[rows[-1], np.flatnonzero(out[rows[-1]])[:1]] += 1.0  # one wrong element in a checked row
+    args[-2].copyfrom(out)
+    with pytest.raises(RuntimeError, match="wrong output"):
+        ks.check_output(args)
+    wrong = ks.build_candidate(ks.scheduled(plain, {"bm": 0, "bn": 0}).mod, target)
+    tag = tvm.runtime.tensor(np.zeros(ks.task_tag("gemm_mn", "nk"), np.int8), tvm.cpu())
+    with pytest.raises(RuntimeError, match="wrong output"):
+        ks.run_evaluator(wrong, tvm.cpu(), cfg, [[*args[:-1], tag]])
 
 
 def test_mutator_moves_one_decision_and_measured_points_are_skipped():
@@ -68,7 +95,7 @@ def test_mutator_moves_one_decision_and_measured_points_are_skipped():
 
 
 def test_cuda_tasks_cover_the_direct_and_many_token_kernels():
-    from wide_tvm.bench.workloads import K_VARIANTS, MN_VARIANTS, TILE_VARIANTS
+    from wide_tvm.bench.workloads import TILE_VARIANTS
     from wide_tvm.tune import bench_kernels
 
     specs = {s.key: s for s in bench_kernels("cuda")}
@@ -78,16 +105,17 @@ def test_cuda_tasks_cover_the_direct_and_many_token_kernels():
     # direct kernels up to 32 tokens (buckets 1, 8, 16, 32), then the tile buckets <= 128, <= 512, more
     assert [(t.space, t.tokens) for t in tasks] == [("decode", 1), ("decode", 8), ("decode", 16), ("decode", 32),
                                                     ("tile", 128), ("tile", 512), ("tile", 4096)]
-    assert tasks[0].choices() == {"variant": MN_VARIANTS}
+    assert set(tasks[0].choices()) == {"warps", "unroll", "stages", "row_warps", "ksplit"}  # each knob on its own
     assert TILE_VARIANTS == tasks[-1].choices()["variant"][:len(TILE_VARIANTS)]
     assert any(v[0] == "wgmma" for v in tasks[-1].choices()["variant"])
     down = specs[kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16")]
     down_tasks = ks.kernel_tasks(down.kind, down.groups, down.group_size, down.dim, down.dtype, down.layout, "cuda")
     assert [t.tokens for t in down_tasks if t.space == "decode"] == [1, 8, 16, 32, 64]
-    assert down_tasks[0].choices() == {"variant": K_VARIANTS}
+    assert down_tasks[0].choices() == ks.DECODE_CHOICES and down_tasks[0].size() == 864  # + gemm_k's rows
     assert all(v[0] != "wgmma" for v in down_tasks[-1].choices()["variant"])  # no sm_90a, no wgmma candidates
     sig = dict((n, (s, d)) for n, s, d in ks.signature(tasks[-1]))
     assert sig["wg"] == ((14336 // 16, 16 * 4096), "float16") and sig["order"] == ((112, 4096), "int32")
+    assert ks.tag_task(sig["task"][0][0]) == ("gemm_mn_swiglu", "tc")
     assert ks.kernel_tasks("gemm_k", 3, 24, 40, "float16", "nk", "cuda") == []  # no tensor-core kernel: no knobs
 
 
@@ -95,7 +123,8 @@ def test_cuda_tasks_cover_the_direct_and_many_token_kernels():
 def test_cuda_candidates_build_from_the_template():
     """The builder function compiles a direct-kernel and a wgmma candidate to sm_90a device code here."""
     target = parse_target("cuda")
-    for space, decisions, kind in (("decode", {"variant": 1}, "gemm_k"), ("tile", None, "gemm_mn_swiglu")):
+    decode = {"warps": 1, "unroll": 1, "rows": 1, "stages": 2, "row_warps": 1, "ksplit": 1}  # w8u2r2s3
+    for space, decisions, kind in (("decode", decode, "gemm_k"), ("tile", None, "gemm_mn_swiglu")):
         task = ks.KnobTask(kind, 4, 64, 128, "float16", "tc", space, 1 if space == "decode" else 2, wgmma=True)
         if decisions is None:  # the first wgmma candidate
             decisions = {"variant": next(i for i, v in enumerate(task.choices()["variant"]) if v[0] == "wgmma")}
@@ -151,18 +180,121 @@ def test_damaged_database_names_its_folder(tmp_path):
 
 def test_incumbent_is_what_the_kernel_runs_without_the_database():
     """The knobs wide-tune measures first: the knob file's pick for the bucket, else the kernel's default."""
-    from wide_tvm.bench.workloads import MN_VARIANTS, TILE_VARIANTS
+    from wide_tvm.bench.workloads import TILE_VARIANTS
 
     cpu = ks.KnobTask("gemm_mn_swiglu", 4, 32, 64, "float32", "nk", "cpu", 1)
     assert ks.knob_values(ks.scheduled(cpu, ks.incumbent(cpu, None)).mod) == {"bm": 8, "bn": 32}  # tile_config
     entry = {"cpu": [{"bm": 1, "bn": 8}, {"bm": 4, "bn": 32}, None]}
     assert ks.knob_values(ks.scheduled(cpu, ks.incumbent(cpu, entry)).mod) == {"bm": 4, "bn": 32}
     dec = ks.KnobTask("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", "decode", 2)
-    assert ks.incumbent(dec, None) == {"variant": MN_VARIANTS.index((4, 4))}  # GemvKnobs() defaults
-    assert ks.incumbent(dec, {"decode": [[8, 2, 1, 0, 1, 1]] * 5}) == {"variant": MN_VARIANTS.index((8, 2))}
-    assert ks.incumbent(ks.KnobTask("gemm_k", 112, 128, 4096, "float16", "tc", "decode", 2), None) is None
+    values = ks.knob_values(ks.scheduled(dec, ks.incumbent(dec, None)).mod)
+    assert values == {"warps": 4, "unroll": 4, "stages": 0, "row_warps": 1, "ksplit": 1}  # GemvKnobs() defaults
+    pick = ks.incumbent(dec, {"decode": [[8, 2, 1, 3, 2, 1]] * 5})
+    assert ks.knob_values(ks.scheduled(dec, pick).mod) == {"warps": 8, "unroll": 2, "stages": 3, "row_warps": 2,
+                                                           "ksplit": 1}
+    assert ks.incumbent(dec, {"decode": [[64, 1]] * 5}) is None  # not a candidate of the space
     tile = ks.KnobTask("gemm_k", 112, 128, 4096, "float16", "tc", "tile", 0, wgmma=True)
     assert ks.incumbent(tile, None) == {"variant": TILE_VARIANTS.index(("gemv",))}  # the first bucket's default
     wg = ks.KnobTask("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", "tile", 2, wgmma=True)
     pick = {"tiles": [["gemv"], [128, 1, 3, 1], ["wgmma", 128, 4, 4, 1, 4]]}
     assert wg.choices()["variant"][ks.incumbent(wg, pick)["variant"]] == ("wgmma", 128, 4, 4, 1, 4)
+
+
+def test_direct_kernel_knobs_fitted_to_the_same_kernel_are_one_point():
+    """The decode space samples warps, unroll, rows, stages, row_warps and ksplit on their own; knob sets the
+    kernel fits to the same plan (gemv.mn_plan / k_plan) share a key, so a measured plan is not proposed again,
+    and the plan is what the kernel builds (same TIR)."""
+    from wide_tvm.schedules import gated_kernel
+    from wide_tvm.schedules.gemv import DECODE_BUCKETS, GemvKnobs
+
+    task = ks.KnobTask("gemm_mn_swiglu", 8, 32, 1024, "float16", "tc", "decode", 3)  # 32 tokens: unroll fits to 2
+    idx = {name: {v: i for i, v in enumerate(c)} for name, c in task.choices().items()}
+
+    def point(**values):
+        return ks.scheduled(task, {name: idx[name][v] for name, v in values.items()})
+
+    a = point(warps=8, unroll=4, stages=0, row_warps=1, ksplit=1)
+    b = point(warps=8, unroll=2, stages=0, row_warps=1, ksplit=1)
+    c = point(warps=8, unroll=1, stages=0, row_warps=1, ksplit=1)
+    assert ks.knob_key(a.mod) == ks.knob_key(b.mod) != ks.knob_key(c.mod)
+    skip = ks.SkipMeasured({ks.knob_key(b.mod)})
+    assert not skip.apply(a) and skip.apply(c)
+    plan = ks.decode_plan(task, ks.knob_values(a.mod))
+    assert plan == GemvKnobs(8, 2, 1, 0, 1, 1)
+
+    def script(knobs):
+        per_bucket = tuple(knobs if b == task.bucket else GemvKnobs() for b in range(len(DECODE_BUCKETS)))
+        return gated_kernel(task.kind, task.groups, task.group_size, task.dim, task.dtype, "tc", "cuda",
+                            decode_knobs=per_bucket).script()
+
+    assert script(GemvKnobs(**ks.knob_values(a.mod))) == script(plan) == ks.instantiate(task, ks.knob_values(
+        b.mod)).script()
+    distinct = {ks.knob_key(ks.scheduled(task, d).mod) for d in ks.all_decisions(task)}
+    assert 1 < len(distinct) < task.size()
+
+
+def test_records_of_older_kernel_code_are_not_applied_but_re_measured_first(tmp_path, monkeypatch):
+    """Every template carries a hash of its kernels' code: after a kernel change the old records no longer apply
+    (wide-compile falls back to the knob file or the default, --show says so), and wide-tune measures each task's
+    fastest stale knobs first."""
+    from wide_tvm.knob_tuning import best_records, summary
+
+    db = open_database(str(tmp_path))
+    task = ks.KnobTask("gemm_k", 4, 32, 64, "float32", "kn", "cpu", 2)
+    _record(db, task, {"bm": 1, "bn": 2}, 7.0)
+    _record(db, task, {"bm": 0, "bn": 0}, 9.0)
+    assert kernel_knobs.load(str(tmp_path))[task.key]["cpu"] == [None, None, {"bm": 4, "bn": 64}]
+    monkeypatch.setattr(ks, "code_version", lambda space: "0123456789abcdef")  # the kernels changed
+    assert not ks.is_current(db.get_all_tuning_records()[0].workload.mod)
+    assert kernel_knobs.load(str(tmp_path)) == {}
+    assert best_records(str(tmp_path)) == {}
+    assert best_records(str(tmp_path), current=False) == {task: (7e-6, {"bm": 4, "bn": 64})}
+    assert "2 records were timed on older kernel code" in summary(str(tmp_path))
+    assert len(measured(db, ks.template(task))) == 0
+
+
+def test_first_form_decode_records_are_read_and_pruned(tmp_path):
+    """Records of the decode space's first form (one `variant` index into the sweep's list, no code hash) still
+    name their knobs, so wide-tune re-measures the fastest of them first; `wide-tune --prune` then drops every
+    stale record and keeps the current ones."""
+    from wide_tvm.bench.workloads import K_VARIANTS
+    from wide_tvm.cli import tune_main
+    from wide_tvm.knob_tuning import best_records, prune, summary
+    from wide_tvm.schedules.gemv import GemvKnobs
+
+    db = open_database(str(tmp_path))
+    task = ks.KnobTask("gemm_k", 112, 128, 4096, "float16", "tc", "decode", 0)
+    old = ks.template(task)
+    old = tvm.IRModule({"main": old["main"].without_attr("wide.code")})
+    sch = tvm.s_tir.Schedule(old)
+    n = len(K_VARIANTS)
+    sch.annotate(sch.get_sblock("root"), ks.KNOB + "variant", sch.sample_categorical(list(range(n)), [1 / n] * n, 6))
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(old), [2e-5] * 3,
+                                                     parse_target("llvm"),
+                                                     ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])))
+    _record(db, ks.KnobTask("gemm_k", 4, 32, 64, "float32", "kn", "cpu", 2), {"bm": 1, "bn": 2}, 7.0)
+    del db
+    (secs, values), = best_records(str(tmp_path), current=False).values()
+    knobs = GemvKnobs(*K_VARIANTS[6])
+    assert values == {name: getattr(knobs, name) for name in ks.DECODE_CHOICES} and secs == pytest.approx(2e-5)
+    assert ks.decisions_of(task, values) is not None  # re-measurable in today's space
+    assert "1 records were timed on older kernel code" in summary(str(tmp_path))
+    assert tune_main(["--prune", "--out", str(tmp_path)]) == 0
+    assert prune(str(tmp_path)) == (1, 0)
+    assert "older kernel code" not in summary(str(tmp_path)) and len(best_records(str(tmp_path))) == 1
+    assert tune_main(["--prune", "--out", str(tmp_path / "none")]) != 0  # no database: a clear error
+
+
+def test_code_version_ignores_docs_and_python_version_details():
+    """The code hash reads syntax trees without docstrings, comments or positions, and without the empty fields
+    newer Pythons add (3.12's type_params): the GPU host (3.12) and this machine (3.11) must agree on it."""
+    import ast
+
+    a = ast.parse('def f(x):\n    """doc"""\n    return x + 1  # note\n')
+    b = ast.parse("def f(x):\n\n    return x + 1\n")
+    b.body[0].type_params = []  # as Python 3.12 parses it
+    b.body[0].body.insert(0, ast.Expr(ast.Constant("other doc")))
+    for tree in (a, b):
+        tree.body[0].body = tree.body[0].body[1:]  # what code_version drops
+    assert ks._canonical(a) == ks._canonical(b) != ks._canonical(ast.parse("def f(x):\n    return x + 2\n"))
+    assert len({ks.code_version(s) for s in ks.SPACE_SOURCES}) == 3

@@ -218,6 +218,8 @@ def tune_main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=None,
                    help="measured candidates per kernel and token bucket (default 16; fewer where the space is smaller)")
     p.add_argument("--show", action="store_true", help="print the database's tasks and fastest records, tune nothing")
+    p.add_argument("--prune", action="store_true",
+                   help="drop the database's records of older kernel code (after a re-tune), tune nothing")
     p.add_argument("--only", metavar="REGEX",
                    help="tune only the tasks whose name matches, e.g. 'g112x128.*tile' (kernel key/space bucket)")
     p.add_argument("--force", action="store_true",
@@ -236,6 +238,12 @@ def tune_main(argv=None) -> int:
             from .knob_tuning import summary
 
             print(summary(out))
+            return 0
+        if args.prune:
+            from .knob_tuning import prune
+
+            kept, dropped = prune(out)
+            print(f"{out}: dropped {dropped} records of older kernel code, kept {kept}")
             return 0
         if args.from_sweep and args.trials is not None:
             raise WideError("--trials sets MetaSchedule's search; --from-sweep imports measurements instead")

@@ -16,8 +16,9 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from .schedules.knob_space import (KnobTask, alloc_args, build_candidate, incumbent, knob_key, knob_values,
-                                   replayed, run_evaluator, scheduled, space_generator, task_of, template)
+from .schedules.knob_space import (KnobTask, alloc_args, build_candidate, decisions_of, entry_value, incumbent,
+                                   is_current, knob_key, knob_values, replayed, run_evaluator, scheduled,
+                                   space_generator, task_of, template)
 
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
@@ -82,6 +83,7 @@ def tune_tasks(tasks: list[KnobTask], target: tvm.target.Target, out: str, trial
 
     db = open_database(out)
     file_entries = load(out, database=False)
+    stale = best_records(out, current=False)
     todo, seeds = [], []
     for task in tasks:
         mod = template(task)
@@ -91,8 +93,12 @@ def tune_tasks(tasks: list[KnobTask], target: tvm.target.Target, out: str, trial
             progress.console.print(f"{task.name}: already tuned ({len(done)} of {task.size()} candidates "
                                    "measured), skipped")
             continue
-        first = incumbent(task, file_entries.get(task.key))
-        if first is not None:
+        firsts = [incumbent(task, file_entries.get(task.key))]
+        if task in stale:  # the fastest knobs timed on older kernel code: re-measured, not trusted
+            firsts.append(decisions_of(task, stale[task][1]))
+        for first in firsts:
+            if first is None or want <= 0:
+                continue
             sch = scheduled(task, first, mod)
             if knob_key(sch.mod) not in done:
                 seeds.append((task, mod, sch))
@@ -103,7 +109,7 @@ def tune_tasks(tasks: list[KnobTask], target: tvm.target.Target, out: str, trial
         return []
     builder = ms.builder.LocalBuilder(f_build=build_candidate, max_workers=os.cpu_count(), timeout_sec=600)
     runner = _runner(target)
-    bars = [progress.add_task(task.name, total=want + any(s[0] == task for s in seeds)) for task, _, want, _ in todo]
+    bars = [progress.add_task(task.name, total=want + sum(s[0] == task for s in seeds)) for task, _, want, _ in todo]
     if seeds:
         measure_points([(mod, sch) for _, mod, sch in seeds], target, builder, runner, db)
         for bar, (task, *_) in zip(bars, todo):
@@ -128,7 +134,7 @@ def _search(todo: list, progress, bars: list, target, builder, runner, db) -> No
         ms.tune.tune_tasks(
             tasks=contexts, task_weights=[1.0] * len(todo), work_dir=logs,
             max_trials_global=sum(t[2] for t in todo), max_trials_per_task=max(t[2] for t in todo),
-            num_trials_per_iter=min(8, max(t[2] for t in todo)),
+            num_trials_per_iter=min(max(8, os.cpu_count() or 1), max(t[2] for t in todo)),  # a build per core
             builder=builder, runner=runner, database=db, cost_model="random",
             measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
                                ProgressCallback(progress, todo_bars)],
@@ -143,18 +149,27 @@ def task_records(folder: str) -> list:
     return [(task, rec) for task, rec in records if task is not None]  # not other workloads
 
 
-def best_records(folder: str, records: list | None = None) -> dict[KnobTask, tuple[float, dict]]:
+def best_records(folder: str, records: list | None = None, current: bool = True) -> dict[KnobTask, tuple[float, dict]]:
     """Per knob task in FOLDER's database (or `records`, task_records' list): (mean seconds, knob values) of its
-    fastest record."""
+    fastest record timed on today's kernel code (`current`), or of its fastest stale one (`current=False`: knob
+    values it no longer has are left out)."""
     best = {}
     for task, rec in task_records(folder) if records is None else records:
+        if is_current(rec.workload.mod) != current:
+            continue
         secs = [float(s) for s in rec.run_secs or []]
         if not secs or max(secs) >= 1e9:  # failed builds or runs
             continue
         mean = sum(secs) / len(secs)
         if task not in best or mean < best[task][0]:
             best[task] = (mean, rec)
-    return {task: (mean, knob_values(replayed(rec.workload.mod, rec.trace))) for task, (mean, rec) in best.items()}
+    out = {}
+    for task, (mean, rec) in best.items():
+        try:
+            out[task] = (mean, knob_values(replayed(rec.workload.mod, rec.trace)))
+        except (KeyError, IndexError):  # a stale record of knobs the space has since dropped
+            continue
+    return out
 
 
 def database_entries(folder: str, entries: dict) -> dict:
@@ -169,8 +184,7 @@ def database_entries(folder: str, entries: dict) -> dict:
         old = entry.get(field)
         picks = list(old) if isinstance(old, list) else [old] * n  # one knob set for every bucket, or none
         picks += [None] * (n - len(picks))
-        value = values["variant"] if "variant" in values else values
-        picks[task.bucket] = dict(value) if isinstance(value, dict) else list(value)
+        picks[task.bucket] = entry_value(task, values)
         entry[field] = picks
         entry.setdefault("database_us", {})[f"{task.space}{task.bucket}"] = round(secs * 1e6, 2)
     return merged
@@ -182,12 +196,36 @@ def summary(folder: str) -> str:
         return f"{folder}: no MetaSchedule database"
     records = task_records(folder)
     counts: dict = {}
-    for task, _ in records:
-        counts[task] = counts.get(task, 0) + 1
+    for task, rec in records:
+        counts.setdefault(task, [0, 0])[not is_current(rec.workload.mod)] += 1
     best = best_records(folder, records)
     lines = ["| task | tokens | measured / space | fastest (us) | knobs |", "| --- | ---: | ---: | ---: | --- |"]
     for task in sorted(counts, key=lambda t: t.name):
         us, values = best.get(task, (float("nan"), {}))
         knobs = values.get("variant", values)
-        lines.append(f"| {task.name} | {task.tokens} | {counts[task]} / {task.size()} | {us * 1e6:.1f} | {knobs} |")
+        lines.append(f"| {task.name} | {task.tokens} | {counts[task][0]} / {task.size()} | {us * 1e6:.1f} | {knobs} |")
+    stale = sum(c[1] for c in counts.values())
+    if stale:
+        lines.append(f"\n{stale} records were timed on older kernel code: not applied; wide-tune re-measures "
+                     "each task's fastest of them first")
     return "\n".join(lines)
+
+
+def prune(folder: str) -> tuple[int, int]:
+    """Drop the records timed on older kernel code from FOLDER's database (rewritten atomically); returns
+    (records kept, records dropped)."""
+    from .errors import WideError
+
+    if not os.path.exists(os.path.join(folder, RECORD_FILE)):
+        raise WideError(f"{folder}: no MetaSchedule database to prune")
+    records = task_records(folder)
+    keep = [rec for _, rec in records if is_current(rec.workload.mod)]
+    with tempfile.TemporaryDirectory(prefix="wide-prune-", dir=folder) as tmp:
+        fresh = open_database(tmp)
+        for rec in keep:
+            fresh.commit_tuning_record(ms.database.TuningRecord(rec.trace, fresh.commit_workload(rec.workload.mod),
+                                                                rec.run_secs, rec.target, rec.args_info))
+        del fresh
+        for name in (WORKLOAD_FILE, RECORD_FILE):
+            os.replace(os.path.join(tmp, name), os.path.join(folder, name))
+    return len(keep), len(records) - len(keep)

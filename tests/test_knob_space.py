@@ -298,3 +298,53 @@ def test_code_version_ignores_docs_and_python_version_details():
         tree.body[0].body = tree.body[0].body[1:]  # what code_version drops
     assert ks._canonical(a) == ks._canonical(b) != ks._canonical(ast.parse("def f(x):\n    return x + 2\n"))
     assert len({ks.code_version(s) for s in ks.SPACE_SOURCES}) == 3
+
+
+def test_knob_sets_of_one_plan_become_one_module_for_the_search():
+    """The postprocessor writes a direct-kernel candidate's knobs as its plan, so MetaSchedule's deduplication of
+    identical modules catches aliases within a run; plans are fixed points of the fitting; the record's own trace
+    still replays to the sampled decisions."""
+    task = ks.KnobTask("gemm_mn_swiglu", 8, 32, 1024, "float16", "tc", "decode", 3)
+    idx = {name: {v: i for i, v in enumerate(c)} for name, c in task.choices().items()}
+
+    def post(**values):
+        sch = ks.scheduled(task, {name: idx[name][v] for name, v in values.items()})
+        sch.enter_postproc()  # as the search does before its postprocessors
+        assert ks.SkipMeasured().apply(sch)
+        return sch
+
+    a = post(warps=8, unroll=4, stages=0, row_warps=1, ksplit=1)
+    b = post(warps=8, unroll=2, stages=0, row_warps=1, ksplit=1)
+    c = post(warps=8, unroll=1, stages=0, row_warps=1, ksplit=1)
+    from tvm_ffi import structural_equal
+
+    assert structural_equal(a.mod, b.mod) and not structural_equal(a.mod, c.mod)
+    assert ks.knob_values(a.mod)["unroll"] == 2  # the plan's value
+    assert ks.knob_values(ks.replayed(ks.template(task), a.trace))["unroll"] == 4  # the sampled decision
+    for d in ks.all_decisions(task)[::7]:
+        plan = ks.decode_plan(task, ks.knob_values(ks.scheduled(task, d).mod))
+        assert ks.decode_plan(task, {n: getattr(plan, n) for n in task.choices()}) == plan
+
+
+def test_the_search_proposes_each_plan_once():
+    """MetaSchedule's evolutionary search over a direct-kernel task (search only: candidates are reported back as
+    timed without running) proposes 32 distinct plans in two batches; before the postprocessor rewrote knobs as
+    plans, 48 proposals held 29 distinct ones."""
+    task = ks.KnobTask("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", "decode", 0)
+    mod, target = ks.template(task), parse_target("cuda")
+    ctx = ms.TuneContext(mod, target=target, space_generator=ks.space_generator(),
+                         search_strategy=ms.search_strategy.EvolutionarySearch(
+                             population_size=64, init_measured_ratio=0.0, genetic_num_iters=2),
+                         task_name=task.name, rand_state=1, num_threads=1)
+    db = ms.database.MemoryDatabase()
+    ctx.pre_tuning(max_trials=32, num_trials_per_iter=16, design_spaces=ctx.generate_design_space(), database=db,
+                   cost_model=ms.cost_model.RandomModel())
+    keys = []
+    for _ in range(2):
+        cands = ctx.generate_measure_candidates()
+        keys += [ks.knob_key(ks.replayed(mod, c.sch.trace)) for c in cands]
+        ctx.notify_runner_results(cands, [ms.runner.RunnerResult(run_secs=[1e-3], error_msg=None) for _ in cands])
+        for c in cands:
+            db.commit_tuning_record(ms.database.TuningRecord(c.sch.trace, db.commit_workload(mod), [1e-3], target,
+                                                             c.args_info))
+    assert len(keys) == 32 and len(set(keys)) == 32

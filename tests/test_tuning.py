@@ -103,7 +103,7 @@ def test_wide_tune_cpu_resumes_and_compile_applies_it(exported, tmp_path, capsys
     table = capsys.readouterr().out
     assert table.count("| 2 / ") == 9 and "/cpu2 | 64 | 2 / " in table
     runs = json.loads((tmp_path / "tl" / kernel_knobs.RUNS).read_text())
-    assert [len(r["tasks"]) for r in runs] == [9, 9, 0]
+    assert [len(r["tasks"]) for r in runs] == [9, 9, 0] and all(r["finished"] for r in runs)
     assert runs[0]["command"].startswith("wide-tune") and "--trials 1" in runs[0]["command"]
     assert "llvm" in runs[0]["target"]
     compiled = wide_tvm.compile(path, "llvm", tuning_log=out)
@@ -260,3 +260,20 @@ def test_sweep_knob_names_match_the_kernels():
     assert swept_variants(down, 65, True, "wgmma") == on_grid  # down g128 takes every per-tile wgmma candidate
     assert swept_variants(down, 65, False, "wgmma") == ()  # a target without wgmma: nothing to sweep
     assert swept_variants(down, 65, True, "tiles") == variants(down, 65)
+
+
+def test_a_stopped_run_stays_on_record_as_unfinished(tmp_path, monkeypatch):
+    """wide-tune records its run before measuring: a run stopped half way (here: interrupted) is listed with the
+    tasks it set out to tune and finished: false; its records, if any, are already in the database."""
+    from wide_tvm import knob_tuning
+    from wide_tvm.tune import tune
+
+    def stopped(*_args, **_kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(knob_tuning, "tune_tasks", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        tune(None, "llvm", str(tmp_path), llama8b=True, trials=3, only="cpu0")
+    (run,) = json.loads((tmp_path / kernel_knobs.RUNS).read_text())
+    assert run["finished"] is False and "--trials 3" in run["command"]
+    assert run["tasks"] == ["gemm_mn_swiglu/g112x128/d4096/float32/cpu0", "gemm_k/g112x128/d4096/float32/cpu0"]

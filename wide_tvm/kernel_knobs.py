@@ -81,13 +81,28 @@ def _write_json(path: str, doc, **dump_args) -> str:
 RUNS = "tuning_runs.json"  # beside a MetaSchedule database: which wide-tune runs wrote it, where and how
 
 
-def record_run(folder: str, target: str, command: str, tasks: list[str], hardware: str | None = None) -> str:
-    """Append one wide-tune run (target, hardware, date, command, the tasks it tuned) to FOLDER/tuning_runs.json."""
-    path = os.path.join(folder, RUNS)
-    runs = []
-    if os.path.exists(path):
-        with open(path) as f:
-            runs = json.load(f)
+def record_run(folder: str, target: str, command: str, tasks: list[str], hardware: str | None = None) -> int:
+    """Append one wide-tune run (target, hardware, date, command, the tasks it set out to tune) to
+    FOLDER/tuning_runs.json as unfinished, before it measures anything: a run stopped half way is still on record
+    (its records are in the database); finish_run marks it done. Returns the run's index."""
+    os.makedirs(folder, exist_ok=True)
+    runs = _runs(folder)
     runs.append({"target": target, "hardware": hardware or host_cpu(), "date": datetime.date.today().isoformat(),
-                 "command": command, "tasks": tasks})
-    return _write_json(path, runs)
+                 "command": command, "tasks": tasks, "finished": False})
+    _write_json(os.path.join(folder, RUNS), runs)
+    return len(runs) - 1
+
+
+def finish_run(folder: str, index: int, tasks: list[str]) -> str:
+    """Mark run `index` finished, with the tasks it actually tuned (those already tuned were skipped)."""
+    runs = _runs(folder)
+    runs[index].update(tasks=tasks, finished=True)
+    return _write_json(os.path.join(folder, RUNS), runs)
+
+
+def _runs(folder: str) -> list:
+    path = os.path.join(folder, RUNS)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return json.load(f)

@@ -159,9 +159,11 @@ def tune(model: str | None, target: str, out: str, force: bool = False, sweep: l
         tasks = [t for t in tasks if re.search(only, t.name)]
         if not tasks:
             raise WideError(f"--only {only!r} matches no task; the tasks are: {', '.join(names)}")
+    run = kernel_knobs.record_run(out, str(tgt), command, [t.name for t in tasks],
+                                  hardware=_gpu_name() if tgt.kind.name == "cuda" else None)
     with Progress() as progress:
         ran = tune_tasks(tasks, tgt, out, trials, force, progress)
-    kernel_knobs.record_run(out, str(tgt), command, ran, hardware=_gpu_name() if tgt.kind.name == "cuda" else None)
+    kernel_knobs.finish_run(out, run, ran)
     return os.path.join(out, WORKLOAD_FILE)
 
 

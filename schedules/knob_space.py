@@ -6,17 +6,14 @@ producer warps) follows from their knobs, so no schedule transformation of one f
 kernel's signature at the bucket's token count, whose root block the design space annotates with one
 `wide.knob.<name>` per knob, the index of a `sample_categorical` decision. MetaSchedule samples and mutates the
 decisions (`CategoricalMutator`), the builder instantiates the real kernel with them (`build_candidate`), the
-runner times it on valid masks (`alloc_args`), and the database keeps each trace with its time, so
-`knob_tuning.best_records` turns the fastest record back into knobs (`knob_values`).
+runner times it on valid masks and checks its output (schedules/knob_runner.py), and the database keeps each trace
+with its time, so `knob_tuning.best_records` turns the fastest record back into knobs (`knob_values`). Templates
+carry a hash of their kernels' code (schedules/code_version.py), so records of older kernels are told apart.
 """
 
 from __future__ import annotations
 
-import ast
-import functools
-import hashlib
 import itertools
-import os
 from dataclasses import asdict, astuple, dataclass
 
 import numpy as np
@@ -27,8 +24,9 @@ from tvm.ir.utils import derived_object
 
 from ..bench.workloads import TILE_VARIANTS, WGMMA_VARIANTS, Workload, wgmma_fits
 from ..kernel_knobs import kernel_key
-from ..weight_layout import LAYOUTS, pack, stored_shape
+from ..weight_layout import LAYOUTS, stored_shape
 from .gemv import DECODE_BUCKETS, DEFAULT_DECODE, DIRECT_TOKENS, GemvKnobs, bucket_tokens, k_plan, mn_plan
+from .code_version import code_version
 from .root_block import with_root_block
 from .tile_gemm import DEFAULT_TILES, TILE_BUCKETS, tile_knob
 from .tiles import CPU_BUCKETS, TileConfig
@@ -47,44 +45,7 @@ ENTRY_FIELD = {"cpu": "cpu", "decode": "decode", "tile": "tiles"}
 # points count as one (knob_key).
 DECODE_CHOICES = {"warps": (4, 8, 16, 32), "unroll": (1, 2, 4), "rows": (1, 2), "stages": (0, 2, 3, 4),
                   "row_warps": (1, 2, 4), "ksplit": (1, 2, 4)}
-# The kernel modules each space's kernels are built from: a record timed on other code than today's is stale
-SPACE_SOURCES = {"cpu": ("gemm_mn", "gemm_k", "tiles", "weights", "dispatch"),
-                 "decode": ("gemm_mn", "gemm_k", "gemv", "weights", "dispatch"),
-                 "tile": ("gemm_mn", "gemm_k", "gemv", "tile_gemm", "wgmma_gemm", "mask_reorder", "weights",
-                          "dispatch")}
 KINDS = ("gemm_mn_swiglu", "gemm_mn", "gemm_k")
-CHECK_TOKENS = 8  # output rows (tokens) the runner checks against NumPy after timing a candidate
-CHECK_TOLERANCE = 2e-2  # max |out - ref| / max |ref| a candidate may reach (fp16 kernels: ~3e-4)
-
-
-@functools.cache
-def code_version(space: str) -> str:
-    """A hash of the code of the kernel modules behind a space (their syntax trees without docstrings, so
-    comments, formatting and docs do not count): recorded in every template, so that records timed on older
-    kernels are told apart from current ones. The trees are written out by _canonical, not ast.dump, whose
-    output differs between Python versions (3.12 added empty type_params): the GPU host runs 3.12."""
-    digest = hashlib.sha256()
-    for name in SPACE_SOURCES[space]:
-        with open(os.path.join(os.path.dirname(__file__), f"{name}.py"), encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-        for node in ast.walk(tree):
-            body = getattr(node, "body", None)
-            if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
-                    and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
-                node.body = body[1:] or [ast.Pass()]
-        digest.update(_canonical(tree).encode())
-    return digest.hexdigest()[:16]
-
-
-def _canonical(node) -> str:
-    """A syntax tree as text: node types and their non-empty fields (no positions)."""
-    if isinstance(node, ast.AST):
-        fields = ((f, getattr(node, f, None)) for f in node._fields)
-        return f"{type(node).__name__}(" + ",".join(f"{f}={_canonical(v)}" for f, v in fields
-                                                     if v is not None and v != []) + ")"
-    if isinstance(node, list):
-        return "[" + ",".join(_canonical(v) for v in node) + "]"
-    return repr(node)
 
 
 @dataclass(frozen=True)
@@ -300,119 +261,6 @@ def instantiate(task: KnobTask, values: dict) -> tirx.PrimFunc:
         extra["tile_knobs"] = (tile_knob(values["variant"]),) * len(DEFAULT_TILES)
     return gated_kernel(task.kind, task.groups, task.group_size, task.dim, task.dtype, task.layout,
                         "llvm" if task.space == "cpu" else "cuda", **extra)
-
-
-def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params=None) -> tvm.runtime.Module:
-    """MetaSchedule builder function: the kernel a scheduled template selects, compiled for `target`."""
-    task = task_of(mod)
-    func = with_tag(instantiate(task, knob_values(mod)), mod["main"]).with_attr("global_symbol", "main")
-    with target:
-        return tvm.compile(tvm.IRModule({"main": func}), target).mod
-
-
-def with_tag(func: tirx.PrimFunc, template_func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """The kernel with the template's trailing `task` tag parameter added (unused)."""
-    return tirx.PrimFunc([*func.params, template_func.params[-1]], func.body, func.ret_type, func.attrs)
-
-
-_ARGS_CACHE: dict = {}  # runner worker: the last few argument sets, reused by the candidates of a task
-
-
-def alloc_args(device, args_info, alloc_repeat: int) -> list:
-    """MetaSchedule runner allocator: random activations and weights, and a 50 % random mask with its reorder
-    (counts, order, used) instead of random integers, which would index out of bounds. Seeded, and cached per
-    signature, so every candidate of a task is timed on the same inputs. Each argument set's expected output
-    rows (CHECK_TOKENS tokens, NumPy) are kept for run_evaluator's check."""
-    from ..kernel_reference import make_mask, ref_mask_reorder
-
-    key = (str(device), repr(args_info), alloc_repeat)
-    if key in _ARGS_CACHE:
-        return _ARGS_CACHE[key]
-    shapes = [tuple(info[2]) for info in args_info]
-    dtypes = [info[1] for info in args_info]
-    kind, layout = tag_task(shapes[-1][0])
-    tokens, groups = shapes[-6]  # x, weights..., mask [tokens, G], counts, order, used, out, task
-    (n, k), dtype = ((shapes[-2][1], shapes[0][1]), dtypes[0])
-    rng = np.random.default_rng(0)
-    repeated = []
-    for _ in range(alloc_repeat):
-        mask = make_mask("random", tokens, groups, rng, 0.5)
-        x = (rng.random((tokens, k), dtype=np.float32) - 0.5).astype(dtype)
-        weights = [((rng.random((n, k), dtype=np.float32) - 0.5) / 8).astype(dtype) for _ in shapes[1:-6]]
-        host = [x, *(pack(w, layout) for w in weights), mask, *ref_mask_reorder(mask), np.zeros(shapes[-2], dtype),
-                np.zeros(shapes[-1], np.int8)]
-        args = [tvm.runtime.tensor(np.ascontiguousarray(a), device) for a in host]
-        rows = np.unique(np.concatenate([[0, tokens - 1], rng.integers(0, tokens, CHECK_TOKENS - 2)]))
-        _EXPECTED[id(args[-2])] = (rows, _expected(kind, x[rows], weights, mask[rows], n, groups))
-        repeated.append(args)
-    while len(_ARGS_CACHE) >= 4:
-        for args in _ARGS_CACHE.pop(next(iter(_ARGS_CACHE))):
-            _EXPECTED.pop(id(args[-2]), None)
-    _ARGS_CACHE[key] = repeated
-    return repeated
-
-
-_EXPECTED: dict = {}  # id(out tensor of an argument set) -> (checked token rows, their expected output)
-
-
-def _expected(kind: str, x, weights, mask, n: int, groups: int) -> np.ndarray:
-    """NumPy reference of a few tokens' outputs (weights as [N, K])."""
-    from ..kernel_reference import ref_gemm_k, ref_gemm_mn
-
-    if kind == "gemm_k":
-        return ref_gemm_k(x, weights[0], mask, x.shape[1] // groups, "nk")
-    return ref_gemm_mn(x, weights[0], weights[1], mask, n // groups, "nk", kind == "gemm_mn_swiglu")
-
-
-def check_output(args) -> None:
-    """Raise when a candidate's output rows differ from the reference (the runner then records it as failed,
-    so a knob combination that computes garbage can never be the database's pick)."""
-    from ..kernel_reference import rel_err
-
-    rows, ref = _EXPECTED[id(args[-2])]
-    err = rel_err(args[-2].numpy()[rows], ref)
-    if not err < CHECK_TOLERANCE:
-        raise RuntimeError(f"wrong output: relative error {err:.2e} against NumPy (tolerance {CHECK_TOLERANCE})")
-
-
-def run_evaluator(rt_mod, device, evaluator_config, repeated_args) -> list[float]:
-    """MetaSchedule runner evaluator. On a GPU each timed call follows an L2 flush (a read of 4x the L2, as
-    wide-bench times them), so weights come from DRAM as in a model, not from an L2 that holds them after the
-    previous call (Q/O's 32 MB fit the H200's L2 and ranked candidates differently unflushed); seconds per call,
-    repeat x number calls. On the CPU, MetaSchedule's own evaluator (caches flushed by the config). Then every
-    argument set's output is checked against NumPy (check_output)."""
-    from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
-
-    if device.dlpack_device_type() != 2:  # not kDLCUDA
-        costs = run_evaluator_common(rt_mod, device, evaluator_config, repeated_args)
-    else:
-        costs = _cuda_events(rt_mod[rt_mod.entry_name], evaluator_config, repeated_args)
-    for args in repeated_args:
-        check_output(args)
-    return costs
-
-
-def _cuda_events(fn, evaluator_config, repeated_args) -> list[float]:
-    """Seconds per call, each timed with CUDA events after an L2 flush."""
-    import torch
-
-    from ..bench.measure import l2_flush_buffer
-
-    flush = l2_flush_buffer()
-    costs = []
-    for args in repeated_args:
-        for _ in range(3):  # warm-up
-            fn(*args)
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(evaluator_config.repeat * evaluator_config.number)]
-        for start, end in events:
-            flush.sum()
-            start.record()
-            fn(*args)
-            end.record()
-        torch.cuda.synchronize()
-        costs += [start.elapsed_time(end) * 1e-3 for start, end in events]
-    return costs
 
 
 @derived_object

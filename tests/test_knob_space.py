@@ -17,6 +17,8 @@ from tvm.s_tir import meta_schedule as ms  # noqa: E402
 from wide_tvm import kernel_knobs  # noqa: E402
 from wide_tvm.kernel_reference import ref_gemm_k, ref_gemm_mn, rel_err  # noqa: E402
 from wide_tvm.knob_tuning import database_entries, measured, open_database  # noqa: E402
+from wide_tvm.schedules import code_version as cv  # noqa: E402
+from wide_tvm.schedules import knob_runner as kr  # noqa: E402
 from wide_tvm.schedules import knob_space as ks  # noqa: E402
 from wide_tvm.targets import parse_target  # noqa: E402
 
@@ -39,8 +41,8 @@ def test_every_cpu_candidate_builds_from_the_template_and_computes_the_kernel(ki
         sch = ks.scheduled(task, decisions)
         values = ks.knob_values(sch.mod)
         assert ks.decisions_of(task, values) == decisions
-        lib = ks.build_candidate(sch.mod, target)
-        args = ks.alloc_args(tvm.cpu(), _args_info(sch.mod), 1)[0]
+        lib = kr.build_candidate(sch.mod, target)
+        args = kr.alloc_args(tvm.cpu(), _args_info(sch.mod), 1)[0]
         host = [a.numpy() for a in args]
         mask = host[-6]
         assert mask.shape == (task.tokens, groups) and 0 < mask.sum() < mask.size or task.tokens == 1
@@ -52,7 +54,7 @@ def test_every_cpu_candidate_builds_from_the_template_and_computes_the_kernel(ki
         else:
             ref = ref_gemm_mn(host[0], host[1], host[2], mask, gs, layout, True)
         assert rel_err(args[-2].numpy(), ref) < 1e-5, values
-        ks.check_output(args)  # the runner's own check agrees
+        kr.check_output(args)  # the runner's own check agrees
 
 
 def test_runner_rejects_a_candidate_with_wrong_output():
@@ -65,19 +67,19 @@ def test_runner_rejects_a_candidate_with_wrong_output():
     plain = ks.KnobTask("gemm_mn", 4, 32, 64, "float32", "nk", "cpu", 1)
     target, cfg = parse_target("llvm"), ms.runner.EvaluatorConfig(number=1, repeat=2, min_repeat_ms=0)
     sch = ks.scheduled(swiglu, {"bm": 0, "bn": 0})
-    args = ks.alloc_args(tvm.cpu(), _args_info(sch.mod), 1)[0]
-    costs = ks.run_evaluator(ks.build_candidate(sch.mod, target), tvm.cpu(), cfg, [args])
+    args = kr.alloc_args(tvm.cpu(), _args_info(sch.mod), 1)[0]
+    costs = kr.run_evaluator(kr.build_candidate(sch.mod, target), tvm.cpu(), cfg, [args])
     assert len(costs) == 2 and all(c > 0 for c in costs)  # the right kernel passes
     out = args[-2].numpy()
-    rows, _ = ks._EXPECTED[id(args[-2])]
+    rows, _ = kr._EXPECTED[id(args[-2])]
     out[rows[-1], np.flatnonzero(out[rows[-1]])[:1]] += 1.0  # one wrong element in a checked row
     args[-2].copyfrom(out)
     with pytest.raises(RuntimeError, match="wrong output"):
-        ks.check_output(args)
-    wrong = ks.build_candidate(ks.scheduled(plain, {"bm": 0, "bn": 0}).mod, target)
+        kr.check_output(args)
+    wrong = kr.build_candidate(ks.scheduled(plain, {"bm": 0, "bn": 0}).mod, target)
     tag = tvm.runtime.tensor(np.zeros(ks.task_tag("gemm_mn", "nk"), np.int8), tvm.cpu())
     with pytest.raises(RuntimeError, match="wrong output"):
-        ks.run_evaluator(wrong, tvm.cpu(), cfg, [[*args[:-1], tag]])
+        kr.run_evaluator(wrong, tvm.cpu(), cfg, [[*args[:-1], tag]])
 
 
 def test_mutator_moves_one_decision_and_measured_points_are_skipped():
@@ -129,7 +131,7 @@ def test_cuda_candidates_build_from_the_template():
         if decisions is None:  # the first wgmma candidate
             decisions = {"variant": next(i for i, v in enumerate(task.choices()["variant"]) if v[0] == "wgmma")}
         sch = ks.scheduled(task, decisions)
-        lib = ks.build_candidate(sch.mod, target)
+        lib = kr.build_candidate(sch.mod, target)
         assert [m.kind for m in lib.imports] == ["cuda"]
         src = lib.imports[0].inspect_source()
         assert ("wgmma.mma_async" if space == "tile" else "mma.sync") in src
@@ -296,8 +298,8 @@ def test_code_version_ignores_docs_and_python_version_details():
     b.body[0].body.insert(0, ast.Expr(ast.Constant("other doc")))
     for tree in (a, b):
         tree.body[0].body = tree.body[0].body[1:]  # what code_version drops
-    assert ks._canonical(a) == ks._canonical(b) != ks._canonical(ast.parse("def f(x):\n    return x + 2\n"))
-    assert len({ks.code_version(s) for s in ks.SPACE_SOURCES}) == 3
+    assert cv._canonical(a) == cv._canonical(b) != cv._canonical(ast.parse("def f(x):\n    return x + 2\n"))
+    assert len({cv.code_version(s) for s in cv.SPACE_SOURCES}) == 3
 
 
 def test_knob_sets_of_one_plan_become_one_module_for_the_search():

@@ -16,9 +16,9 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from .schedules.knob_space import (KnobTask, alloc_args, build_candidate, decisions_of, entry_value, incumbent,
-                                   is_current, knob_key, knob_values, replayed, run_evaluator, scheduled,
-                                   space_generator, task_of, template)
+from .schedules.knob_runner import alloc_args, build_candidate, run_evaluator
+from .schedules.knob_space import (KnobTask, decisions_of, entry_value, incumbent, is_current, knob_key, knob_values,
+                                   replayed, scheduled, space_generator, task_of, template)
 
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"

@@ -74,9 +74,12 @@ def test_knob_file_merges_and_rejects_garbage(tmp_path):
 
 
 @pytest.mark.slow
-def test_wide_tune_cpu_resumes_and_compile_applies_it(exported, tmp_path, capsys):
+def test_wide_tune_cpu_resumes_and_compile_applies_it(exported, tmp_path, capsys, monkeypatch):
     """wide-tune runs MetaSchedule over every CPU knob task of the model into a JSON database; a rerun measures
-    only points not measured yet (and nothing once --trials are in), and wide-compile applies the fastest."""
+    only points not measured yet (and nothing once --trials are in), and wide-compile applies the fastest. A few
+    trials left per task are drawn at random in one batch; more go through the evolutionary search (forced here
+    for one trial, the spaces of this tiny model being small)."""
+    from wide_tvm import knob_tuning
     from wide_tvm.knob_tuning import open_database
     from wide_tvm.schedules.knob_space import knob_key, replayed, task_of
 
@@ -94,7 +97,10 @@ def test_wide_tune_cpu_resumes_and_compile_applies_it(exported, tmp_path, capsys
     assert len(points()) == 9  # gate/up, down, o_proj x 3 CPU token buckets
     entries = kernel_knobs.load(out)
     assert len(entries) == 3 and all(None not in e["cpu"] and len(e["cpu"]) == 3 for e in entries.values())
-    assert tune_main([path, "--target", "llvm", "--trials", "2", "--out", out]) == 0  # resumes: one more each
+    with monkeypatch.context() as m:
+        m.setattr(knob_tuning, "SEARCH_MIN", 1)  # the evolutionary search even for one trial
+        m.setattr(knob_tuning, "random_points", None)  # (not called)
+        assert tune_main([path, "--target", "llvm", "--trials", "2", "--out", out]) == 0  # resumes: one more each
     assert len(points()) == 18 and len(set(points())) == 18
     capsys.readouterr()
     assert tune_main([path, "--target", "llvm", "--trials", "2", "--out", out]) == 0  # nothing left to tune
@@ -102,8 +108,10 @@ def test_wide_tune_cpu_resumes_and_compile_applies_it(exported, tmp_path, capsys
     assert tune_main(["--show", "--target", "llvm", "--out", out]) == 0
     table = capsys.readouterr().out
     assert table.count("| 2 / ") == 9 and "/cpu2 | 64 | 2 / " in table
+    assert tune_main([path, "--target", "llvm", "--trials", "3", "--out", out]) == 0  # one more each, at random
+    assert len(points()) == 27 and len(set(points())) == 27
     runs = json.loads((tmp_path / "tl" / kernel_knobs.RUNS).read_text())
-    assert [len(r["tasks"]) for r in runs] == [9, 9, 0] and all(r["finished"] for r in runs)
+    assert [len(r["tasks"]) for r in runs] == [9, 9, 0, 9] and all(r["finished"] for r in runs)
     assert runs[0]["command"].startswith("wide-tune") and "--trials 1" in runs[0]["command"]
     assert "llvm" in runs[0]["target"]
     compiled = wide_tvm.compile(path, "llvm", tuning_log=out)

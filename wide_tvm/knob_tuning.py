@@ -12,6 +12,8 @@ import logging
 import os
 import tempfile
 
+import numpy as np
+
 import tvm
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
@@ -21,6 +23,11 @@ from .schedules.knob_space import (KnobTask, decisions_of, entry_value, incumben
                                    replayed, scheduled, space_generator, task_of, template)
 
 WORKLOAD_FILE = "database_workload.json"
+# A task with fewer trials left than this after its seeds has them drawn at random and measured in the seeds' batch:
+# MetaSchedule's round-robin scheduler spends an iteration (a builder pool, nvcc, a runner call) per task and round,
+# which is why `--trials 2` over the 45 CUDA tasks did not finish within a 10-minute call on the H200 while
+# `--trials 1` (one batch) took 2.5 minutes; the search's first round samples at random anyway.
+SEARCH_MIN = 8
 RECORD_FILE = "database_tuning_record.json"
 
 
@@ -104,6 +111,10 @@ def tune_tasks(tasks: list[KnobTask], target: tvm.target.Target, out: str, trial
                 seeds.append((task, mod, sch))
                 done = done | {knob_key(sch.mod)}
                 want -= 1
+        if 0 < want < SEARCH_MIN:  # a few trials: drawn at random now, in the seeds' batch
+            points, done = random_points(task, mod, want, done, np.random.default_rng(len(done)))
+            seeds += [(task, mod, sch) for sch in points]
+            want = 0
         todo.append((task, mod, want, done))
     if not todo:
         return []
@@ -118,6 +129,19 @@ def tune_tasks(tasks: list[KnobTask], target: tvm.target.Target, out: str, trial
     if searched:
         _search(searched, progress, bars, target, builder, runner, db)
     return [t[0].name for t in todo]
+
+
+def random_points(task: KnobTask, mod: tvm.IRModule, count: int, done: set, rng) -> tuple[list, set]:
+    """Up to `count` random points of a task's space whose knob_key is not in `done` (and `done` with them)."""
+    points = []
+    for _ in range(50 * count):
+        if len(points) == count:
+            break
+        sch = scheduled(task, {name: int(rng.integers(len(c))) for name, c in task.choices().items()}, mod)
+        if knob_key(sch.mod) not in done:
+            done = done | {knob_key(sch.mod)}
+            points.append(sch)
+    return points, done
 
 
 def _search(todo: list, progress, bars: list, target, builder, runner, db) -> None:

@@ -103,18 +103,8 @@ def tune_tasks(tasks: list[KnobTask], target: tvm.target.Target, out: str, trial
         firsts = [incumbent(task, file_entries.get(task.key))]
         if task in stale:  # the fastest knobs timed on older kernel code: re-measured, not trusted
             firsts.append(decisions_of(task, stale[task][1]))
-        for first in firsts:
-            if first is None or want <= 0:
-                continue
-            sch = scheduled(task, first, mod)
-            if knob_key(sch.mod) not in done:
-                seeds.append((task, mod, sch))
-                done = done | {knob_key(sch.mod)}
-                want -= 1
-        if 0 < want < SEARCH_MIN:  # a few trials: drawn at random now, in the seeds' batch
-            points, done = random_points(task, mod, want, done, np.random.default_rng(len(done)))
-            seeds += [(task, mod, sch) for sch in points]
-            want = 0
+        points, want, done = _first_points(task, mod, firsts, want, done)
+        seeds += [(task, mod, sch) for sch in points]
         todo.append((task, mod, want, done))
     if not todo:
         return []
@@ -129,6 +119,26 @@ def tune_tasks(tasks: list[KnobTask], target: tvm.target.Target, out: str, trial
     if searched:
         _search(searched, progress, bars, target, builder, runner, db)
     return [t[0].name for t in todo]
+
+
+def _first_points(task: KnobTask, mod: tvm.IRModule, firsts: list, want: int, done: set) -> tuple[list, int, set]:
+    """The points measured in one batch before any search: the given decisions (incumbent, stale best) not
+    measured yet, then, when fewer than SEARCH_MIN trials are left, those at random. Returns (schedules, trials
+    left for the search, measured keys with them)."""
+    points = []
+    for first in firsts:
+        if first is None or want <= 0:
+            continue
+        sch = scheduled(task, first, mod)
+        if knob_key(sch.mod) not in done:
+            points.append(sch)
+            done = done | {knob_key(sch.mod)}
+            want -= 1
+    if 0 < want < SEARCH_MIN:
+        drawn, done = random_points(task, mod, want, done, np.random.default_rng(len(done)))
+        points += drawn
+        want = 0
+    return points, want, done
 
 
 def random_points(task: KnobTask, mod: tvm.IRModule, count: int, done: set, rng) -> tuple[list, set]:

@@ -14,6 +14,7 @@ carry a hash of their kernels' code (schedules/code_version.py), so records of o
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import asdict, astuple, dataclass
 
 import numpy as np
@@ -141,7 +142,8 @@ def template(task: KnobTask) -> tvm.IRModule:
     args = ", ".join(f'{n}: T.Buffer({tuple(s)}, "{d}")' for n, s, d in signature(task))
     func = tvm.script.from_source(f"@T.prim_func\ndef main({args}):\n    T.evaluate(0)\n", extra_vars={"T": T},
                                   s_tir=True)
-    attrs = {f"wide.{k}": v for k, v in asdict(task).items()} | {"wide.code": code_version(task.space)}
+    attrs = {f"wide.{k}": v for k, v in asdict(task).items()} | {"wide.code": code_version(task.space),
+                                                                  "wide.choices": json.dumps(task.choices())}
     return tvm.IRModule({"main": with_root_block(func).with_attrs({"global_symbol": "main", **attrs})})
 
 
@@ -196,7 +198,18 @@ def knob_values(mod: tvm.IRModule) -> dict:
 
         knobs = GemvKnobs(*(K_VARIANTS if task.kind == "gemm_k" else MN_VARIANTS)[int(ann[KNOB + "variant"])])
         return {name: getattr(knobs, name) for name in task.choices()}
-    return {name: cands[int(ann[KNOB + name])] for name, cands in task.choices().items()}
+    return {name: cands[int(ann[KNOB + name])] for name, cands in choices_of(mod).items()}
+
+
+def choices_of(mod: tvm.IRModule) -> dict[str, tuple]:
+    """The candidate lists a template (or a record's workload) was made with: its own `wide.choices`, so a record
+    keeps its meaning after a list changes (its decisions are indices into them); today's for templates that
+    predate the attribute."""
+    stored = mod["main"].attrs.get("wide.choices")
+    if stored is None:
+        return task_of(mod).choices()
+    return {name: tuple(tuple(v) if isinstance(v, list) else v for v in cands)
+            for name, cands in json.loads(str(stored)).items()}
 
 
 def decode_plan(task: KnobTask, values: dict) -> GemvKnobs:
@@ -321,13 +334,14 @@ class SkipMeasured(ms.postproc.PyPostproc):
 
 
 def knob_key(mod: tvm.IRModule) -> tuple:
-    """The point a scheduled template selects, as a hashable key: its decisions, or for the direct kernels the
-    plan they build (knob sets fitted to the same kernel are one point)."""
+    """The point a scheduled template selects, as a hashable key: its knob values (not decision indices, which
+    depend on the candidate lists), or for the direct kernels the plan they build (knob sets fitted to the same
+    kernel are one point)."""
     task = task_of(mod)
-    if task is not None and task.space == "decode":
-        return ("plan", *astuple(decode_plan(task, knob_values(mod))))
-    ann = mod["main"].body.block.annotations
-    return tuple(sorted((k, int(v)) for k, v in ann.items() if k.startswith(KNOB)))
+    values = knob_values(mod)
+    if task.space == "decode":
+        return ("plan", *astuple(decode_plan(task, values)))
+    return tuple(sorted(values.items()))
 
 
 def space_generator(measured=frozenset()) -> ms.space_generator.ScheduleFn:

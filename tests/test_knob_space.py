@@ -350,3 +350,20 @@ def test_the_search_proposes_each_plan_once():
             db.commit_tuning_record(ms.database.TuningRecord(c.sch.trace, db.commit_workload(mod), [1e-3], target,
                                                              c.args_info))
     assert len(keys) == 32 and len(set(keys)) == 32
+
+
+def test_records_keep_their_meaning_when_a_candidate_list_changes(tmp_path, monkeypatch):
+    """A record's decisions are indices into the candidate lists; the template stores its lists, so after a list
+    changes (here CPU_BN reordered) an old record still names the knobs it timed, counts as measured for the new
+    template, and its pick is applied as timed."""
+    from wide_tvm.knob_tuning import best_records
+
+    db = open_database(str(tmp_path))
+    task = ks.KnobTask("gemm_k", 4, 32, 64, "float32", "kn", "cpu", 2)
+    _record(db, task, {"bm": 1, "bn": 2}, 7.0)  # bm 4, bn 64 under today's lists
+    monkeypatch.setattr(ks, "CPU_BN", tuple(reversed(ks.CPU_BN)))  # (256, 64, 32, 8): index 2 is now bn 32
+    assert task.choices()["bn"] == (64, 32, 8)
+    assert best_records(str(tmp_path)) == {task: (pytest.approx(7e-6), {"bm": 4, "bn": 64})}
+    new = ks.template(task)
+    assert measured(db, new) == {ks.knob_key(ks.scheduled(task, {"bm": 1, "bn": 0}, new).mod)}
+    assert kernel_knobs.load(str(tmp_path))[task.key]["cpu"] == [None, None, {"bm": 4, "bn": 64}]

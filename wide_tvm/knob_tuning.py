@@ -38,10 +38,20 @@ def open_database(folder: str) -> ms.database.JSONDatabase:
 
 
 def measured(db: ms.database.Database, mod: tvm.IRModule) -> set:
-    """The knob points the database holds records of for a workload (knob_space.knob_key of each)."""
-    if not db.has_workload(mod):
-        return set()
-    return {knob_key(replayed(mod, rec.trace)) for rec in db.get_top_k(db.commit_workload(mod), 1 << 20)}
+    """The knob points (knob_space.knob_key) the database holds records of for a template's task, timed on
+    today's kernel code: the records of every template of the task (one made before a candidate list changed
+    included), each read through its own workload."""
+    return measured_by_task(db).get(task_of(mod), set())
+
+
+def measured_by_task(db: ms.database.Database) -> dict[KnobTask, set]:
+    """measured() for every task at once (one pass over the records)."""
+    points: dict = {}
+    for rec in db.get_all_tuning_records():
+        task = task_of(rec.workload.mod)
+        if task is not None and is_current(rec.workload.mod):
+            points.setdefault(task, set()).add(knob_key(replayed(rec.workload.mod, rec.trace)))
+    return points
 
 
 @derived_object
@@ -91,10 +101,11 @@ def tune_tasks(tasks: list[KnobTask], target: tvm.target.Target, out: str, trial
     db = open_database(out)
     file_entries = load(out, database=False)
     stale = best_records(out, current=False)
+    timed = measured_by_task(db)
     todo, seeds = [], []
     for task in tasks:
         mod = template(task)
-        done = measured(db, mod)
+        done = timed.get(task, set())
         want = min(trials, task.size() - len(done)) if force else min(trials, task.size()) - len(done)
         if want <= 0:
             progress.console.print(f"{task.name}: already tuned ({len(done)} of {task.size()} candidates "

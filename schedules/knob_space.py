@@ -315,15 +315,14 @@ class SkipMeasured(ms.postproc.PyPostproc):
         pass
 
     def apply(self, sch) -> bool:
-        if knob_key(sch.mod) in self.measured:
+        task, values = task_of(sch.mod), knob_values(sch.mod)
+        plan = decode_plan(task, values) if task.space == "decode" else None
+        if point_key(values, plan) in self.measured:
             return False
-        task = task_of(sch.mod)
-        if task.space == "decode":
-            values = knob_values(sch.mod)
-            plan = decode_plan(task, values)
+        if plan is not None:
             canon = decisions_of(task, {name: getattr(plan, name) for name in values}) or decisions_of(task, values)
             root = sch.get_sblock("root")
-            for name, index in canon.items():  # (annotate does not replace a key)
+            for name in canon:  # (annotate does not replace a key)
                 sch.unannotate(root, KNOB + name)
             for name, index in canon.items():
                 sch.annotate(root, KNOB + name, index)
@@ -337,11 +336,13 @@ def knob_key(mod: tvm.IRModule) -> tuple:
     """The point a scheduled template selects, as a hashable key: its knob values (not decision indices, which
     depend on the candidate lists), or for the direct kernels the plan they build (knob sets fitted to the same
     kernel are one point)."""
-    task = task_of(mod)
-    values = knob_values(mod)
-    if task.space == "decode":
-        return ("plan", *astuple(decode_plan(task, values)))
-    return tuple(sorted(values.items()))
+    task, values = task_of(mod), knob_values(mod)
+    return point_key(values, decode_plan(task, values) if task.space == "decode" else None)
+
+
+def point_key(values: dict, plan: GemvKnobs | None = None) -> tuple:
+    """knob_key of knob values (and, for a direct kernel, the plan they build)."""
+    return ("plan", *astuple(plan)) if plan is not None else tuple(sorted(values.items()))
 
 
 def space_generator(measured=frozenset()) -> ms.space_generator.ScheduleFn:

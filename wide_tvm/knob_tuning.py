@@ -41,15 +41,14 @@ def measured(db: ms.database.Database, mod: tvm.IRModule) -> set:
     """The knob points (knob_space.knob_key) the database holds records of for a template's task, timed on
     today's kernel code: the records of every template of the task (one made before a candidate list changed
     included), each read through its own workload."""
-    return measured_by_task(db).get(task_of(mod), set())
+    return measured_by_task(_task_records(db)).get(task_of(mod), set())
 
 
-def measured_by_task(db: ms.database.Database) -> dict[KnobTask, set]:
-    """measured() for every task at once (one pass over the records)."""
+def measured_by_task(records: list) -> dict[KnobTask, set]:
+    """measured() for every task at once, from a database's (task, record) list (one pass)."""
     points: dict = {}
-    for rec in db.get_all_tuning_records():
-        task = task_of(rec.workload.mod)
-        if task is not None and is_current(rec.workload.mod):
+    for task, rec in records:
+        if is_current(rec.workload.mod):
             points.setdefault(task, set()).add(knob_key(replayed(rec.workload.mod, rec.trace)))
     return points
 
@@ -100,8 +99,9 @@ def tune_tasks(tasks: list[KnobTask], target: tvm.target.Target, out: str, trial
 
     db = open_database(out)
     file_entries = load(out, database=False)
-    stale = best_records(out, current=False)
-    timed = measured_by_task(db)
+    records = _task_records(db)  # the database read once: the stale picks and the points already measured
+    stale = best_records(out, records, current=False)
+    timed = measured_by_task(records)
     todo, seeds = [], []
     for task in tasks:
         mod = template(task)
@@ -141,9 +141,10 @@ def _first_points(task: KnobTask, mod: tvm.IRModule, firsts: list, want: int, do
         if first is None or want <= 0:
             continue
         sch = scheduled(task, first, mod)
-        if knob_key(sch.mod) not in done:
+        key = knob_key(sch.mod)
+        if key not in done:
             points.append(sch)
-            done = done | {knob_key(sch.mod)}
+            done = done | {key}
             want -= 1
     if 0 < want < SEARCH_MIN:
         drawn, done = random_points(task, mod, want, done, np.random.default_rng(len(done)))
@@ -159,8 +160,9 @@ def random_points(task: KnobTask, mod: tvm.IRModule, count: int, done: set, rng)
         if len(points) == count:
             break
         sch = scheduled(task, {name: int(rng.integers(len(c))) for name, c in task.choices().items()}, mod)
-        if knob_key(sch.mod) not in done:
-            done = done | {knob_key(sch.mod)}
+        key = knob_key(sch.mod)
+        if key not in done:
+            done = done | {key}
             points.append(sch)
     return points, done
 
@@ -190,7 +192,11 @@ def task_records(folder: str) -> list:
     """(task, record) for every record of a knob task in FOLDER's database (none without a database)."""
     if not os.path.exists(os.path.join(folder, RECORD_FILE)):
         return []
-    records = [(task_of(rec.workload.mod), rec) for rec in open_database(folder).get_all_tuning_records()]
+    return _task_records(open_database(folder))
+
+
+def _task_records(db: ms.database.Database) -> list:
+    records = [(task_of(rec.workload.mod), rec) for rec in db.get_all_tuning_records()]
     return [(task, rec) for task, rec in records if task is not None]  # not other workloads
 
 

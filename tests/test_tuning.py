@@ -218,6 +218,26 @@ def test_bench_report_table_and_plot(tmp_path):
     assert open(png, "rb").read(4) == b"\x89PNG"
 
 
+def test_bench_rows_cycle_through_a_pool_of_masks(capsys):
+    """wide-bench run times each row over several fresh masks: the roofline is the median draw's, by hand here."""
+    from wide_tvm.bench.measure import mask_pool, pool_limit_us, used_groups
+    from wide_tvm.bench.workloads import Workload
+    from wide_tvm.cli import bench_main
+
+    assert used_groups(np.array([[1, 0, 0], [0, 0, 1]], np.int32)) == 2
+    w = Workload("gate_up_g128", "gemm_mn", 112, 128, 4096, swiglu=True)
+    pool = mask_pool("random", 1, 112, np.random.default_rng(0), 0.5, 9)
+    assert len(pool) == 9 and len({m.tobytes() for m in pool}) == 9 and all(m.shape == (1, 112) for m in pool)
+    limits = {"bandwidth_gbs": 4000.0, "tensor_tflops": 700.0}
+    by_hand = sorted((int(m.sum()) * 128 * 4096 * 2 * 2 + 2 * (4096 + 14336)) / 4000e3 for m in pool)[4]
+    assert pool_limit_us(w, 1, pool, limits) == pytest.approx(by_hand)
+    with pytest.raises(ValueError, match="draws must be >= 1"):
+        mask_pool("random", 1, 112, np.random.default_rng(0), 0.5, 0)
+    with pytest.raises(SystemExit):
+        bench_main(["run", "build_dir", "--json", "x.json", "--draws", "0"])
+    assert "--draws 0: draw at least 1 mask per row" in capsys.readouterr().err
+
+
 def test_bench_report_renders_a_knob_sweep(tmp_path, capsys):
     from wide_tvm.cli import bench_main
 

@@ -5,6 +5,12 @@
 Times our one-token kernel and cuBLAS (gate/up and down, group 128) after one L2 flush by a read, after three,
 and after a flush plus a 1 ms GPU sleep (the host is then far ahead of the GPU), and prints the host time per
 call. If the three agree, the single flush already keeps the GPU busy while the host launches.
+
+Two more placements of the time that Nsight Compute does not see: "flush + idle launch" launches our kernel
+once with an all-skip mask (every block exits at once, nothing is read) between the flush and the timed call,
+so a cost of switching from the flush kernel to ours (e.g. the SMs' shared-memory carveout) is paid before the
+timer starts; "back-to-back" times 20 calls in one event pair (weights rotating, no flush between them) and
+gives the mean per call.
 """
 
 from __future__ import annotations
@@ -31,6 +37,21 @@ def host_us(fn, reps: int = 200) -> float:
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     return (t1 - t0) / reps * 1e6
+
+
+def back_to_back_us(fn, flush, calls: int = 20, reps: int = 10) -> float:
+    """Median over `reps` of the mean microseconds per call of `calls` calls timed in one event pair."""
+    times = []
+    for _ in range(reps + 1):
+        flush.sum()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return float(np.median(times[1:]))
 
 
 def main() -> None:
@@ -62,9 +83,17 @@ def main() -> None:
         def cublas():
             torch.matmul(x, w_dense.t())
 
+        idle_args = _reorder_args(w, torch.zeros(1, w.groups, dtype=torch.int32, device="cuda"), tv)
+
+        def idle():
+            _launch(kernel, w, xt, weights(), idle_args, out)
+
         for label, before in befores.items():
             print(f"{name} {label:20s} ours {event_median_us(call, before):7.1f} us   "
                   f"cuBLAS {event_median_us(cublas, before):7.1f} us")
+        print(f"{name} {'flush + idle launch':20s} ours {event_median_us(call, lambda: (flush.sum(), idle())):7.1f} us")
+        print(f"{name} {'back-to-back x20':20s} ours {back_to_back_us(call, flush):7.1f} us   "
+              f"cuBLAS {back_to_back_us(lambda: torch.matmul(x, weights()[0].t()), flush):7.1f} us")
         print(f"{name} host time per call: ours {host_us(call):.1f} us, cuBLAS {host_us(cublas):.1f} us")
 
 

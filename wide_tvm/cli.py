@@ -147,6 +147,8 @@ def bench_main(argv=None) -> int:
     r.add_argument("--sparsity", type=float, nargs="+")
     r.add_argument("--masks", nargs="+")
     r.add_argument("--only", nargs="+", help="workload names")
+    r.add_argument("--draws", type=int, default=8,
+                   help="masks drawn per row; the timed calls cycle through them (default 8)")
     r.add_argument("--sweep", action="store_true",
                    help="time the knob candidates of a `build --sweep` directory instead (interleaved), pick per bucket")
     r.add_argument("--timer", choices=TIMERS, default="events",
@@ -161,6 +163,8 @@ def bench_main(argv=None) -> int:
     rep.add_argument("--sparsity", type=float, default=0.5)
     rep.add_argument("--mask", default="random")
     args = p.parse_args(argv)
+    if args.cmd == "run" and args.draws < 1:
+        p.error(f"--draws {args.draws}: draw at least 1 mask per row")
     try:
         if args.cmd == "build":
             from .bench.build import build
@@ -193,7 +197,7 @@ def bench_main(argv=None) -> int:
                 return 0
             result = measure.run(args.dir, tuple(args.tokens or workloads.TOKENS),
                                  tuple(args.sparsity or workloads.SPARSITIES), tuple(args.masks or workloads.MASKS),
-                                 args.only, json_path=args.json, timer=args.timer)
+                                 args.only, json_path=args.json, timer=args.timer, draws=args.draws)
             print(f"wrote {args.json}: {len(result['rows'])} measurements")
         else:
             from .bench import report

@@ -5,6 +5,10 @@ call; `timer="do_bench"` uses triton's do_bench instead); weights rotate over en
 The candidates of one comparison (cuBLAS, TVM dense, ours) are timed interleaved, call by call: under sustained
 tensor-core load the H200's clock falls within seconds (the same kernel measured 885 and 1040 us a few seconds
 apart), so timing them one after the other would credit whichever ran first with the cooler GPU.
+
+Each row draws several masks (`draws`) and every timed call takes the next one: at a few tokens the number of
+groups a single draw uses varies by about +-10 % (for Q/O's 8 groups far more), so one draw's speedup says more
+about the draw than about the kernel; the median over calls cycling through the draws is the median draw's.
 """
 
 from __future__ import annotations
@@ -96,6 +100,24 @@ def _rotating(make, copies: int):
     return nxt
 
 
+def mask_pool(kind: str, m: int, groups: int, rng, sparsity: float, draws: int) -> list[np.ndarray]:
+    """`draws` fresh [m, groups] masks of one row (each call of the row takes the next, see the module docstring)."""
+    if draws < 1:
+        raise ValueError(f"mask draws must be >= 1, got {draws}")
+    return [make_mask(kind, m, groups, rng, sparsity) for _ in range(draws)]
+
+
+def pool_limit_us(w: Workload, m: int, masks: list[np.ndarray], limits: dict) -> float:
+    """Roofline time of a row whose calls cycle through `masks`: the median of the draws' limits (as the row's
+    times are medians over those calls)."""
+    return float(np.median([_limit_us(w, m, mk, limits) for mk in masks]))
+
+
+def used_groups(mask: np.ndarray) -> int:
+    """Groups that at least one token of `mask` runs (the weight slices a memory-bound kernel must read)."""
+    return int((mask.sum(axis=0) > 0).sum())
+
+
 def _rotating_weights(w: Workload, l2: int, tv, layout: str = "nk"):
     """Rotating weight sets of `w` (W [n * weights, k] in torch, [W_gate, W_up] or [W] as TVM tensors in our
     kernels' `layout`, W as a TVM tensor), enough copies to exceed the L2 cache three times."""
@@ -155,8 +177,9 @@ def _limit_us(w: Workload, m: int, mask: np.ndarray, limits: dict) -> float:
 
 
 def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only: list[str] | None = None,
-        progress=print, json_path: str | None = None, timer: str = "events") -> dict:
-    """Measure every workload; with `json_path`, the result so far is rewritten after each workload."""
+        progress=print, json_path: str | None = None, timer: str = "events", draws: int = 8) -> dict:
+    """Measure every workload, each row over `draws` masks; with `json_path`, the result so far is rewritten
+    after each workload."""
     import torch
     import tvm
     from tvm.runtime import vm as rvm
@@ -189,23 +212,32 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
             xt = tv(x)
             for sp in sparsities:
                 for mk in masks:
-                    mask_np = make_mask(mk, m, w.groups, rng, sp)
-                    mask = torch.from_numpy(mask_np).cuda()
+                    pool = mask_pool(mk, m, w.groups, rng, sp, draws)
+                    mask_t = [torch.from_numpy(v).cuda() for v in pool]
                     out = torch.empty(m, w.n, dtype=torch.float16, device="cuda")
-                    r_args = _reorder_args(w, mask, tv)
+                    r_pool = [_reorder_args(w, v, tv) for v in mask_t]
+                    next_args, next_reorder, next_kernel = (_rotating(lambda i: r_pool[i], draws) for _ in range(3))
+                    for r_args in r_pool:  # every draw's counts and order exist before the kernel alone reads them
+                        reorder(*r_args)
 
-                    def call(wts, w=w, r_args=r_args, xt=xt, out=out):
+                    def call(wts, r_args, w=w, xt=xt, out=out):
                         _launch(kernel, w, xt, wts, r_args, tv(out))
+
+                    def ours_call():  # reorder + kernel on the same draw, as a model runs them
+                        r_args = next_args()
+                        reorder(*r_args)
+                        call(weights(), r_args)
 
                     t_cublas, t_tvm, t_reorder, t_kernel, t_ours = timer(
                         lambda: torch.matmul(x, weights()[0].t()), lambda: dense_vm[w.dense](xt, weights()[2]),
-                        lambda: reorder(*r_args), lambda: call(weights()),
-                        lambda: (reorder(*r_args), call(weights())))  # the last: both, as a model runs them
-                    reorder(*r_args)
-                    err = _check(w, x, weights(), mask, out, call)
-                    limit = _limit_us(w, m, mask_np, limits)
+                        lambda: reorder(*next_reorder()), lambda: call(weights(), next_kernel()), ours_call)
+                    err = max(_check(w, x, weights(), mask, out, lambda wts, a=r_args: call(wts, a))
+                              for mask, r_args in zip(mask_t, r_pool))
+                    limit = pool_limit_us(w, m, pool, limits)
+                    used = [used_groups(v) for v in pool]
                     row = {"workload": w.name, "kind": w.kind, "group_size": w.group_size, "tokens": m,
-                           "sparsity": sp, "mask": mk, "measured_sparsity": float(1 - mask_np.mean()),
+                           "sparsity": sp, "mask": mk, "measured_sparsity": float(1 - np.mean(pool)),
+                           "mask_draws": draws, "used_groups": used,
                            "cublas_us": t_cublas, "tvm_dense_us": t_tvm, "ours_us": t_ours,
                            "kernel_us": t_kernel, "reorder_us": t_reorder, "limit_us": limit,
                            "speedup_vs_cublas": t_cublas / t_ours,
@@ -214,7 +246,8 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
                     rows.append(row)
                     progress(f"{w.name:14s} M={m:5d} s={sp:.2f} {mk:7s} cuBLAS {t_cublas:9.1f} us  TVM dense "
                              f"{t_tvm:9.1f} us  ours {t_ours:9.1f} us (reorder {t_reorder:6.1f})  "
-                             f"x{t_cublas / t_ours:5.2f}  limit x{t_cublas / limit:5.2f}  err {err:.1e}")
+                             f"x{t_cublas / t_ours:5.2f}  limit x{t_cublas / limit:5.2f}  err {err:.1e}  "
+                             f"used groups {min(used)}-{max(used)} of {w.groups}")
         if json_path:
             with open(json_path, "w") as f:
                 json.dump(result, f, indent=1)

@@ -17,8 +17,8 @@ from tvm.relax.dpl import rewrite_call
 from ..errors import WideError
 from ..kernel_knobs import kernel_key
 from ..schedules import gemm_k, gemm_mn, mask_reorder
-from ..schedules.gemv import DIRECT_TOKENS, decode_knobs, supports_k, supports_mn
-from ..schedules.tile_gemm import tile_knobs
+from ..schedules.gemv import DIRECT_TOKENS, decode_knobs, direct_bound, supports_k, supports_mn
+from ..schedules.tile_gemm import DEFAULT_TILES, tile_knobs
 from ..weight_layout import TC_CHUNK, TC_ROWS, stored_shape
 from ..schedules.tiles import tiles_from_log
 from ..schedules.root_block import with_root_block
@@ -187,6 +187,14 @@ def _gemm_k_plan(state: _State, weight_expr, info: MaskInfo, dtype: str):
     return weight, layout, n_dim
 
 
+def _gemm_k_direct(state: _State, plan, info: MaskInfo, dtype: str) -> int:
+    """Token counts up to which the gemm_k of `plan` reads the mask itself (0: never), with its tuned tile knobs."""
+    if plan[1] != "tc":
+        return 0
+    tuned = _tuned(state, "gemm_k", info.groups, info.group_size, plan[2], dtype)
+    return direct_bound("gemm_k", tuned.get("tile_knobs", DEFAULT_TILES))
+
+
 def _gemm_k_call(state: _State, a2, tokens, dtype: str, plan, info: MaskInfo, reorder, out_expr):
     """(a2 [tokens, K] * mask) @ W through gemm_k, reshaped like `out_expr`, and (kernel name, weight)."""
     weight, layout, n_dim = plan
@@ -229,7 +237,8 @@ def _rewrite_ffn(state: _State, pat):
         (wg, wu), lg = _kernel_layout(state, [wg, wu], lg, supports_mn(gs, hidden, dtype))
         both_tc = lg == "tc" and down_plan[1] == "tc"
         reorder_name, reorder = _reorder_call(
-            state, info, tokens, min(DIRECT_TOKENS["gemm_mn"], DIRECT_TOKENS["gemm_k"]) if both_tc else 0)
+            state, info, tokens, min(DIRECT_TOKENS["gemm_mn"], _gemm_k_direct(state, down_plan, info, dtype))
+            if both_tc else 0)
         mn_name = f"wide_gemm_mn_swiglu_g{G}x{gs}_k{hidden}_{dtype}_{lg}"
         extra = _tuned(state, "gemm_mn_swiglu", G, gs, hidden, dtype)
         gv_mn = state.kernel(mn_name, lambda: gemm_mn(G, gs, hidden, dtype, lg, True, state.target_kind, **extra))
@@ -261,7 +270,8 @@ def _rewrite_projection(state: _State, pat):
         if plan is None:
             return expr
         a2 = relax.op.reshape(operand, relax.ShapeExpr([tokens, k]))
-        reorder_name, reorder = _reorder_call(state, info, tokens, DIRECT_TOKENS["gemm_k"] if plan[1] == "tc" else 0)
+        reorder_name, reorder = _reorder_call(state, info, tokens,
+                                              _gemm_k_direct(state, plan, info, str(operand.ty.dtype)))
         out, kern = _gemm_k_call(state, a2, tokens, str(operand.ty.dtype), plan, info, reorder, expr)
         kind = "attention" if _is_attention(m[pat.operand], v2v) else "projection"
         state.layers.append(GatedLayer(kind, info.groups, info.group_size, [reorder_name, kern[0]],

@@ -14,7 +14,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..weight_layout import stored_shape
-from .gemv import (DEFAULT_DECODE, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, gemv_k_body, supports_k,
+from .gemv import (DEFAULT_DECODE, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, direct_bound, gemv_k_body, supports_k,
                    tensor_core_kernels)
 from .tile_gemm import DEFAULT_TILES, many_token_kernels, tile_k_body
 from .wgmma_gemm import wgmma_k_body
@@ -53,8 +53,8 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
         run_tc = tensor_core_kernels(
             "gemm_k", decode_knobs, lambda mt, knobs: gemv_k_body(G, gs, N, mt, knobs),
             many_token_kernels(tile_knobs, lambda: gemv_k_body(G, gs, N, TILE_TOKENS, PREFILL_KNOBS, True),
-                               lambda k: tile_k_body(G, gs, N, k), lambda k: wgmma_k_body(G, gs, N, k))) \
-            if small else None
+                               lambda k: tile_k_body(G, gs, N, k), lambda k: wgmma_k_body(G, gs, N, k)),
+            direct_bound("gemm_k", tile_knobs)) if small else None
 
         @T.macro
         def tiled(a, w, mask, used, out, n):

@@ -73,6 +73,19 @@ DECODE_BUCKETS = (1, 8, 16, 32, MAX_TOKENS)  # one direct kernel per bucket, eac
 # 32: at 33-64 tokens its tiles, which gather only a group's active tokens, measured faster on the H200 (gate/up
 # 117.8 vs 131.3 us, docs/performance.md); gemm_k's direct kernels win up to 64 (down 128.1 vs 173.5 us).
 DIRECT_TOKENS = {"gemm_mn": 32, "gemm_k": MAX_TOKENS}
+# ... except that gemm_k hands 33-64 tokens to its many-token kernel when that is the Hopper wgmma GEMM: down g128 at
+# 33-64 tokens 52-54 us against 74-88 us direct, O 25-27 against 38-43 us (docs/performance.md); the mma.sync tile
+# GEMM (groups of 32, pre-Hopper targets) loses to the direct kernels there (down g32: 277 against 111-127 us).
+WGMMA_DIRECT_TOKENS = 32
+
+
+def direct_bound(kind: str, tile_knobs: tuple) -> int:
+    """Token counts up to which a tensor-core kernel of `kind` ("gemm_k" or a gemm_mn kind) runs its direct kernels,
+    given its many-token knobs per tile bucket (schedules/tile_gemm.py: tile_knobs): the mask reorder must launch
+    past exactly this bound, since the direct kernels read the mask and the others the reorder's order."""
+    if kind == "gemm_k":
+        return WGMMA_DIRECT_TOKENS if tile_knobs[0].kernel == "wgmma" else DIRECT_TOKENS["gemm_k"]
+    return DIRECT_TOKENS["gemm_mn"]
 DecodeKnobs = tuple  # knobs per DECODE_BUCKETS entry
 DEFAULT_DECODE: DecodeKnobs = (GemvKnobs(),) * len(DECODE_BUCKETS)
 
@@ -91,17 +104,19 @@ def decode_knobs(entries: list) -> DecodeKnobs:
     return knobs + DEFAULT_DECODE[len(knobs):]
 
 
-def tensor_core_kernels(kind: str, decode_knobs: DecodeKnobs, make_body, many: list):
-    """Macro (n, *args) running the direct kernel of n's token bucket (each bucket with its knobs) up to
-    DIRECT_TOKENS[kind] tokens, then the many-token kernels `many` ([(bound, body), ..., (None, body)],
-    schedules/tile_gemm.py: many_token_kernels); make_body(max_tokens, knobs) builds one direct kernel body of
-    `kind` ("gemm_mn" or "gemm_k")."""
+def tensor_core_kernels(kind: str, decode_knobs: DecodeKnobs, make_body, many: list, bound: int | None = None):
+    """Macro (n, *args) running the direct kernel of n's token bucket (each bucket with its knobs) up to `bound`
+    tokens (default DIRECT_TOKENS[kind]; see direct_bound), then the many-token kernels `many` ([(bound, body),
+    ..., (None, body)], schedules/tile_gemm.py: many_token_kernels); make_body(max_tokens, knobs) builds one
+    direct kernel body of `kind` ("gemm_mn" or "gemm_k")."""
     if len(decode_knobs) != len(DECODE_BUCKETS):
         raise ValueError(f"knobs for {len(decode_knobs)} token buckets; the direct kernels have "
                          f"{len(DECODE_BUCKETS)} ({', '.join(map(str, DECODE_BUCKETS))} tokens)")
-    direct = [(b, make_body(bucket_tokens(b), knobs))
-              for b, knobs in zip(DECODE_BUCKETS, decode_knobs) if b <= DIRECT_TOKENS[kind]]
-    return token_dispatch(direct + [(b, body) for b, body in many if b is None or b > DIRECT_TOKENS[kind]])
+    bound = DIRECT_TOKENS[kind] if bound is None else bound
+    if bound not in DECODE_BUCKETS:
+        raise ValueError(f"direct kernels up to {bound} tokens: the bound must be a bucket ({DECODE_BUCKETS})")
+    direct = [(b, make_body(bucket_tokens(b), knobs)) for b, knobs in zip(DECODE_BUCKETS, decode_knobs) if b <= bound]
+    return token_dispatch(direct + [(b, body) for b, body in many if b is None or b > bound])
 
 
 def bucket_tokens(bucket: int) -> int:

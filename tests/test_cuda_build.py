@@ -152,6 +152,24 @@ def test_bench_build_for_cuda(tmp_path):
     assert [w["name"] for w in spec["workloads"]] == ["mn", "k"] and spec["sweep"] == "tiles"
     assert spec["wgmma"]  # cuda (sm_90): the wgmma candidates are built, for gemm_mn (gemm_k's groups of 32 cannot)
     assert spec["layouts"] == {"mn": "tc", "k": "tc"}  # the benchmark feeds tensor-core tiles, as wide-compile stores
+    assert [w["direct"] for w in spec["workloads"]] == [32, 64]  # the reorder bounds the GPU host reads (untuned)
+
+
+def test_bench_workloads_carry_their_kernels_direct_bound():
+    """A tuned wgmma pick for gemm_k moves its benchmark kernel's direct bound, and with it the mask reorder the
+    benchmark pairs it with, to 32 tokens; a workload that disagrees with its kernel is refused."""
+    from wide_tvm import kernel_knobs
+    from wide_tvm.bench.build import our_kernels, with_bounds
+    from wide_tvm.bench.workloads import Workload
+
+    k = Workload("k", "gemm_k", 4, 64, 256)
+    tuned = {kernel_knobs.kernel_key("gemm_k", 4, 64, 256, "float16"): {"tiles": [["wgmma", 128, 1, 4]] * 3}}
+    (bounded,) = with_bounds([k], "cuda", tuned, True)
+    assert (bounded.direct_tokens, bounded.reorder) == (32, "bench_reorder_g4_d32")
+    assert with_bounds([k], "cuda", tuned, False)[0].direct_tokens == 64  # no wgmma: the mma.sync tiles
+    assert "bench_reorder_g4_d32" in our_kernels([bounded], "cuda", None, tuned, True)
+    with pytest.raises(ValueError, match="direct bound is 32 tokens, the workload says 64"):
+        our_kernels([k], "cuda", None, tuned, True)
 
 
 def test_mask_reorder_has_serial_and_parallel_paths():

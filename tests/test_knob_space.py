@@ -367,3 +367,47 @@ def test_records_keep_their_meaning_when_a_candidate_list_changes(tmp_path, monk
     new = ks.template(task)
     assert measured(db, new) == {ks.knob_key(ks.scheduled(task, {"bm": 1, "bn": 0}, new).mod)}
     assert kernel_knobs.load(str(tmp_path))[task.key]["cpu"] == [None, None, {"bm": 4, "bn": 64}]
+
+
+def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path):
+    """tools/restamp_records.py: the kernel hashes it compares are the same for the same code and differ between
+    knob values; `--write` gives today's stamp to exactly the records its report names; `package_at` lays out an
+    importable package of a git revision."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from wide_tvm.knob_tuning import best_records, task_records
+
+    path = os.path.join(os.path.dirname(__file__), "..", "tools", "restamp_records.py")
+    spec = importlib.util.spec_from_file_location("restamp_records", path)
+    restamp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(restamp)
+    folder, old = str(tmp_path / "db"), "feedface00000000"
+    db = open_database(folder)
+    task = ks.KnobTask("gemm_k", 4, 32, 64, "float32", "kn", "cpu", 2)
+    stale = tvm.IRModule({"main": ks.template(task)["main"].with_attr("wide.code", old)})
+    for decisions, us in (({"bm": 0, "bn": 0}, 9.0), ({"bm": 1, "bn": 1}, 5.0)):
+        sch = ks.scheduled(task, decisions, stale)
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(stale), [us * 1e-6] * 3,
+                                                         parse_target("llvm"),
+                                                         ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])))
+    del db
+    assert best_records(folder) == {}  # both stale
+    first = restamp.collect(restamp.kernel_hashes(folder, old), "today's code")
+    again = restamp.collect(restamp.kernel_hashes(folder, old), "today's code")
+    assert first == again and sorted(first) == ["0", "1"] and first["0"][2] != first["1"][2]
+    assert restamp.collect(restamp.kernel_hashes(folder, "0" * 16), "today's code") == {}
+    first_secs = float(task_records(folder)[0][1].run_secs[0])
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"same": [0]}))
+    subprocess.run([sys.executable, path, folder, "--from-report", str(report), "--write"], check=True,
+                   capture_output=True)
+    current = [ks.is_current(rec.workload.mod) for _, rec in task_records(folder)]
+    assert current == [True, False]
+    (secs, _), = best_records(folder).values()
+    assert secs == pytest.approx(first_secs)  # the re-stamped record is applied; the other stays stale
+    pkg = restamp.package_at("HEAD", str(tmp_path / "pkg"))
+    assert os.path.exists(os.path.join(pkg, "wide_tvm", "schedules", "gemv.py"))

@@ -94,6 +94,35 @@ def test_tuned_wgmma_picks_follow_the_target():
     assert DEFAULT_TILES[2].kernel == "smem"  # without a log no target needs sm_90a
 
 
+def test_gemm_k_hands_33_to_64_tokens_to_its_wgmma_gemm():
+    """Where gemm_k's many-token kernel is the wgmma GEMM, its direct kernels stop at 32 tokens (the wgmma GEMM
+    is faster at 33-64 on the H200), and the mask reorder in front of it must then run from 33 tokens on: the
+    kernel's dispatch and LowerGatedLayers' reorder bound come from the same tuned tile knobs."""
+    import re
+    from types import SimpleNamespace
+
+    from wide_tvm import kernel_knobs
+    from wide_tvm.passes.lower_gated import _gemm_k_direct, _State
+    from wide_tvm.schedules.gemv import direct_bound
+
+    def bounds(func):
+        return sorted(int(b) for b in re.findall(r"n <= T\.int64\((\d+)\)", func.script()))
+
+    wg = (tile_knob(("wgmma", 128, 1, 4)),) * 3
+    assert bounds(gemm_k(4, 64, 256, "float16", "tc", "cuda")) == [1, 8, 16, 32, 64, 128]
+    assert bounds(gemm_k(4, 64, 256, "float16", "tc", "cuda", tile_knobs=wg)) == [1, 8, 16, 32]
+    assert bounds(gemm_mn(4, 64, 256, "float16", "tc", True, "cuda", tile_knobs=wg)) == [1, 8, 16, 32]
+    assert (direct_bound("gemm_k", wg), direct_bound("gemm_k", DEFAULT_TILES)) == (32, 64)
+    assert direct_bound("gemm_mn", wg) == direct_bound("gemm_mn_swiglu", DEFAULT_TILES) == 32
+
+    info, plan = SimpleNamespace(groups=112, group_size=128), (None, "tc", 4096)
+    log = {kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16"): {"tiles": [["wgmma", 128, 2, 6, 4]] * 3}}
+    assert _gemm_k_direct(_State("cuda", {}, None, log, wgmma=True), plan, info, "float16") == 32
+    assert _gemm_k_direct(_State("cuda", {}, None, log), plan, info, "float16") == 64  # no sm_90a: mma.sync tiles
+    assert _gemm_k_direct(_State("cuda", {}, None, {}, wgmma=True), plan, info, "float16") == 64  # untuned
+    assert _gemm_k_direct(_State("cuda", {}, None, log, wgmma=True), (None, "nk", 4096), info, "float16") == 0
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_wgmma_kernels_build_for_every_knob(tmp_path):
     """gate/up (groups of 32 and 64), Q-like (several blocks per group) and gemm_k (also split over blocks) at

@@ -11,6 +11,10 @@ once with an all-skip mask (every block exits at once, nothing is read) between 
 so a cost of switching from the flush kernel to ours (e.g. the SMs' shared-memory carveout) is paid before the
 timer starts; "back-to-back" times 20 calls in one event pair (weights rotating, no flush between them) and
 gives the mean per call.
+
+Then, for each one-token workload, the fixed cost of a launch: an empty event pair, a one-element torch kernel and
+our kernel with an all-skip mask (each after a flush), against our kernel with every group active (beside cuBLAS)
+and with exactly half the groups active (8 draws: the spread that placement alone causes).
 """
 
 from __future__ import annotations
@@ -95,6 +99,35 @@ def main() -> None:
         print(f"{name} {'back-to-back x20':20s} ours {back_to_back_us(call, flush):7.1f} us   "
               f"cuBLAS {back_to_back_us(lambda: torch.matmul(x, weights()[0].t()), flush):7.1f} us")
         print(f"{name} host time per call: ours {host_us(call):.1f} us, cuBLAS {host_us(cublas):.1f} us")
+    launch_floor(spec, ours, flush, l2)
+
+
+def launch_floor(spec: dict, ours, flush, l2: int) -> None:
+    """The fixed cost of one launch against the time of the work (module docstring)."""
+    tv = tvm.runtime.from_dlpack
+    tiny = torch.zeros(1, device="cuda")
+    print(f"empty event pair {event_median_us(lambda: None, flush.sum):.1f} us, one-element torch kernel "
+          f"{event_median_us(lambda: tiny.add_(1), flush.sum):.1f} us")
+    rng = np.random.default_rng(1)
+    for wj in spec["workloads"]:
+        w = Workload(**wj)
+        weights = _rotating_weights(w, l2, tv, spec["layouts"][w.name])
+        x = torch.randn(1, w.k, device="cuda").half()
+        xt, out = tv(x), tv(torch.empty(1, w.n, dtype=torch.float16, device="cuda"))
+
+        def timed(mask, reps=50):
+            args = _reorder_args(w, torch.from_numpy(mask).cuda(), tv)
+            return event_median_us(lambda: _launch(ours[w.kernel], w, xt, weights(), args, out), flush.sum, reps)
+
+        half = []
+        for _ in range(8):
+            m = np.zeros((1, w.groups), np.int32)
+            m[0, rng.permutation(w.groups)[: w.groups // 2]] = 1
+            half.append(timed(m, 20))
+        print(f"{w.name:13s} idle launch {timed(np.zeros((1, w.groups), np.int32)):5.1f} us  every group "
+              f"{timed(np.ones((1, w.groups), np.int32)):6.1f} us (cuBLAS "
+              f"{event_median_us(lambda: torch.matmul(x, weights()[0].t()), flush.sum):6.1f} us)  half the groups "
+              f"{min(half):6.1f}-{max(half):6.1f} us")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 from ..cuda_aot import prepare_cuda_aot
 
@@ -23,7 +24,7 @@ from ..kernel_knobs import kernel_key  # noqa: E402
 from ..passes import LowerGatedLayers, wide_pipeline  # noqa: E402
 from ..schedules import gated_kernel, mask_reorder  # noqa: E402
 from ..targets import has_wgmma, parse_target, target_folder  # noqa: E402
-from ..schedules.gemv import DECODE_BUCKETS, GemvKnobs, decode_knobs, supports  # noqa: E402
+from ..schedules.gemv import DECODE_BUCKETS, GemvKnobs, decode_knobs, direct_bound, supports  # noqa: E402
 from ..schedules.tile_gemm import DEFAULT_TILES, tile_knob, tile_knobs  # noqa: E402
 from .workloads import LLAMA_8B, SWEEPS, Workload, swept_variants, variants  # noqa: E402
 
@@ -51,6 +52,20 @@ def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None
                         target_kind, **extra)
 
 
+def built_bound(w: Workload, target_kind: str, tuned: dict | None, wgmma: bool) -> int:
+    """The direct-kernel bound of w's benchmark kernel (its tuned tile knobs decide gemm_k's), 0 off tensor cores."""
+    if target_kind != "cuda" or weight_layout_for(w, target_kind) != "tc":
+        return 0
+    entry = (tuned or {}).get(kernel_key(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype), {})
+    return direct_bound(w.kind, tile_knobs(entry.get("tiles"), wgmma))
+
+
+def with_bounds(workloads: list[Workload], target_kind: str, tuned: dict | None, wgmma: bool) -> list[Workload]:
+    """The workloads with their built kernels' direct bounds, which the GPU host reads from bench.json (it picks
+    each row's mask reorder by it)."""
+    return [replace(w, direct=built_bound(w, target_kind, tuned, wgmma)) for w in workloads]
+
+
 def our_kernels(workloads: list[Workload], target_kind: str, sweep: str | None = None, tuned: dict | None = None,
                 wgmma: bool = False) -> dict:
     """Our kernels (tuned knobs where `tuned` has them), their mask reorders and, with `sweep` (one of SWEEPS),
@@ -58,7 +73,10 @@ def our_kernels(workloads: list[Workload], target_kind: str, sweep: str | None =
     funcs = {}
     for w in workloads:
         funcs[w.kernel] = _kernel(w, target_kind, tuned=tuned, wgmma=wgmma).with_attr("global_symbol", w.kernel)
-        direct = w.direct_tokens if weight_layout_for(w, target_kind) == "tc" else 0  # as LowerGatedLayers does
+        direct = built_bound(w, target_kind, tuned, wgmma)  # the reorder runs past it, as LowerGatedLayers has it
+        if direct and direct != w.direct_tokens:
+            raise ValueError(f"{w.name}: its kernel's direct bound is {direct} tokens, the workload says "
+                             f"{w.direct_tokens} (with_bounds sets it)")
         funcs[w.reorder] = mask_reorder(w.groups, target_kind, direct).with_attr("global_symbol", w.reorder)
         if sweep and target_kind == "cuda":
             for v in variants(w) if sweep == "all" else ():
@@ -97,6 +115,7 @@ def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None =
     os.makedirs(out_dir, exist_ok=True)
     with tgt:
         tuned = kernel_knobs.load(str(REPO_TUNING_LOGS / target_folder(tgt)))
+        workloads = with_bounds(workloads, tgt.kind.name, tuned, has_wgmma(tgt))
         funcs = our_kernels(workloads, tgt.kind.name, sweep, tuned, has_wgmma(tgt))
         tvm.compile(tvm.IRModule(funcs), tgt).export_library(
             os.path.join(out_dir, "ours.so"))

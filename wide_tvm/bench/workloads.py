@@ -27,6 +27,9 @@ class Workload:
     dim: int  # K of gemm_mn, N of gemm_k
     swiglu: bool = False
     dtype: str = "float16"
+    # the built kernel's direct-kernel bound (schedules.gemv.direct_bound, set by `wide-bench build` from the tuned
+    # tile knobs: gemm_k stops at 32 tokens where its many-token kernel is the wgmma GEMM); 0: DIRECT_TOKENS[kind]
+    direct: int = 0
 
     @property
     def k(self) -> int:
@@ -52,8 +55,8 @@ class Workload:
 
     @property
     def direct_tokens(self) -> int:
-        """Token counts up to which the tensor-core kernel reads the mask itself (schedules.gemv.DIRECT_TOKENS)."""
-        return DIRECT_TOKENS[self.kind]
+        """Token counts up to which the tensor-core kernel reads the mask itself (schedules.gemv.direct_bound)."""
+        return self.direct or DIRECT_TOKENS[self.kind]
 
     @property
     def reorder(self) -> str:

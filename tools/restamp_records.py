@@ -1,0 +1,139 @@
+"""Keep the database records whose kernel a code change left as it was: give them today's code stamp.
+
+    python tools/restamp_records.py tuning_logs/cuda-sm90 --since REV --report r.json   # compare only
+    python tools/restamp_records.py tuning_logs/cuda-sm90 --from-report r.json --write  # rewrite from that
+    python tools/restamp_records.py tuning_logs/cuda-sm90 --since REV --write           # both in one go
+
+Every record carries the hash of its space's kernel modules (schedules/code_version.py), so any edit there
+makes all of that space's records stale, also where the edit changed no kernel a record timed (e.g. which token
+buckets a kernel dispatches to). For each record stamped with REV's code version and not today's, this builds
+the record's kernel (its task at its knob values, schedules.knob_space.instantiate) under REV's modules, in a
+subprocess run from `git archive REV`, and under today's, and compares their structural hashes. A record whose
+kernel is the same TIR gets today's stamp; the others stay stale (wide-compile ignores them, `--prune` drops them).
+Building every record twice takes a while (31 minutes for 471 CUDA records on this 2-core machine), hence
+`--report` / `--from-report`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HASHES = r"""
+import json, sys
+import tvm_ffi
+from wide_tvm.knob_tuning import task_records
+from wide_tvm.schedules.code_version import code_version
+from wide_tvm.schedules.knob_space import instantiate, knob_values, replayed
+out = {}
+for i, (task, rec) in enumerate(task_records(sys.argv[1])):
+    if str(rec.workload.mod["main"].attrs.get("wide.code", "")) != sys.argv[2]:
+        continue
+    values = knob_values(replayed(rec.workload.mod, rec.trace))
+    out[i] = [task.space, code_version(task.space), str(tvm_ffi.structural_hash(instantiate(task, values)))]
+json.dump(out, sys.stdout)
+"""
+
+
+def kernel_hashes(folder: str, stamp: str, package_root: str | None = None) -> subprocess.Popen:
+    """A subprocess printing {record index: [space, code version, kernel hash]} of FOLDER's records stamped
+    `stamp`, built by the wide_tvm package under package_root (default: the installed one); see `collect`."""
+    env = dict(os.environ, PYTHONPATH=package_root) if package_root else None
+    return subprocess.Popen([sys.executable, "-c", HASHES, os.path.abspath(folder), stamp], env=env,
+                            cwd=package_root or tempfile.gettempdir(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def collect(run: subprocess.Popen, what: str) -> dict:
+    out, err = run.communicate()
+    if run.returncode:
+        raise SystemExit(f"building the records' kernels with {what} failed:\n" + err[-2000:])
+    return json.loads(out)
+
+
+def package_at(rev: str, dest: str) -> str:
+    """The wide_tvm package as of git revision `rev`, laid out as pyproject.toml maps it, under dest."""
+    os.makedirs(dest, exist_ok=True)
+    root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    archive = subprocess.run(["git", "-C", root, "archive", rev, "wide_tvm", "schedules", "passes", "frontends"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "x", "-C", dest], input=archive, check=True)
+    for sub in ("schedules", "passes", "frontends"):
+        os.rename(os.path.join(dest, sub), os.path.join(dest, "wide_tvm", sub))
+    return dest
+
+
+def compare(folder: str, since: str) -> set[int]:
+    """Indices (task_records order) of FOLDER's records stamped by `since`'s code whose kernel is the same today."""
+    from wide_tvm.schedules.code_version import code_version
+
+    with tempfile.TemporaryDirectory(prefix="wide-restamp-") as tmp:
+        old_root = package_at(since, tmp)
+        probe = subprocess.run([sys.executable, "-c", "import sys; from wide_tvm.schedules.code_version import "
+                                "code_version as c; print(*(c(s) for s in sys.argv[1:]))", "cpu", "decode", "tile"],
+                               env=dict(os.environ, PYTHONPATH=old_root), cwd=old_root, capture_output=True,
+                               text=True, check=True).stdout.split()
+        old, new = {}, {}
+        for space, stamp in zip(("cpu", "decode", "tile"), probe):
+            if stamp != code_version(space):  # both builds at once, one process each
+                runs = kernel_hashes(folder, stamp, old_root), kernel_hashes(folder, stamp)
+                old |= collect(runs[0], f"{since}'s code")
+                new |= collect(runs[1], "today's code")
+    same = {int(i) for i, (_, _, h) in old.items() if new[i][2] == h}
+    print(f"{len(old)} records stamped by {since}'s code: {len(same)} build the same kernel today, "
+          f"{len(old) - len(same)} do not")
+    for i, (space, _, _) in sorted(old.items(), key=lambda kv: int(kv[0])):
+        if int(i) not in same:
+            print(f"  record {i} ({space}): its kernel changed")
+    return same
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder")
+    p.add_argument("--since", help="git revision whose kernel code stamped the records")
+    p.add_argument("--report", help="write the records that build the same kernel today here (JSON)")
+    p.add_argument("--from-report", help="take them from an earlier --report instead of building the kernels")
+    p.add_argument("--write", action="store_true", help="rewrite the database with the new stamps")
+    args = p.parse_args()
+    if bool(args.since) == bool(args.from_report):
+        p.error("give --since REV (build and compare) or --from-report FILE")
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from wide_tvm.knob_tuning import RECORD_FILE, WORKLOAD_FILE, open_database, task_records
+    from wide_tvm.schedules.code_version import code_version
+
+    if args.from_report:
+        with open(args.from_report) as f:
+            same = set(json.load(f)["same"])
+    else:
+        same = compare(args.folder, args.since)
+        if args.report:
+            with open(args.report, "w") as f:
+                json.dump({"folder": args.folder, "since": args.since, "same": sorted(same)}, f)
+    if not args.write:
+        return 0
+    records = task_records(args.folder)
+    with tempfile.TemporaryDirectory(prefix="wide-restamp-", dir=args.folder) as tmp:
+        fresh = open_database(tmp)
+        for i, (task, rec) in enumerate(records):
+            mod = rec.workload.mod
+            if i in same:
+                mod = tvm.IRModule({"main": mod["main"].with_attr("wide.code", code_version(task.space))})
+            fresh.commit_tuning_record(ms.database.TuningRecord(rec.trace, fresh.commit_workload(mod),
+                                                                rec.run_secs, rec.target, rec.args_info))
+        del fresh
+        for name in (WORKLOAD_FILE, RECORD_FILE):
+            os.replace(os.path.join(tmp, name), os.path.join(args.folder, name))
+    print(f"rewrote {args.folder}: {len(same)} records re-stamped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -86,6 +86,8 @@ def direct_bound(kind: str, tile_knobs: tuple) -> int:
     if kind == "gemm_k":
         return WGMMA_DIRECT_TOKENS if tile_knobs[0].kernel == "wgmma" else DIRECT_TOKENS["gemm_k"]
     return DIRECT_TOKENS["gemm_mn"]
+
+
 DecodeKnobs = tuple  # knobs per DECODE_BUCKETS entry
 DEFAULT_DECODE: DecodeKnobs = (GemvKnobs(),) * len(DECODE_BUCKETS)
 

@@ -104,9 +104,8 @@ def main() -> int:
     if bool(args.since) == bool(args.from_report):
         p.error("give --since REV (build and compare) or --from-report FILE")
     import tvm
-    from tvm.s_tir import meta_schedule as ms
 
-    from wide_tvm.knob_tuning import RECORD_FILE, WORKLOAD_FILE, open_database, task_records
+    from wide_tvm.knob_tuning import rewrite_database, task_records
     from wide_tvm.schedules.code_version import code_version
 
     if args.from_report:
@@ -119,18 +118,13 @@ def main() -> int:
                 json.dump({"folder": args.folder, "since": args.since, "same": sorted(same)}, f)
     if not args.write:
         return 0
-    records = task_records(args.folder)
-    with tempfile.TemporaryDirectory(prefix="wide-restamp-", dir=args.folder) as tmp:
-        fresh = open_database(tmp)
-        for i, (task, rec) in enumerate(records):
-            mod = rec.workload.mod
-            if i in same:
-                mod = tvm.IRModule({"main": mod["main"].with_attr("wide.code", code_version(task.space))})
-            fresh.commit_tuning_record(ms.database.TuningRecord(rec.trace, fresh.commit_workload(mod),
-                                                                rec.run_secs, rec.target, rec.args_info))
-        del fresh
-        for name in (WORKLOAD_FILE, RECORD_FILE):
-            os.replace(os.path.join(tmp, name), os.path.join(args.folder, name))
+    records = []
+    for i, (task, rec) in enumerate(task_records(args.folder)):
+        mod = rec.workload.mod
+        if i in same:
+            mod = tvm.IRModule({"main": mod["main"].with_attr("wide.code", code_version(task.space))})
+        records.append((mod, rec))
+    rewrite_database(args.folder, records)
     print(f"rewrote {args.folder}: {len(same)} records re-stamped")
     return 0
 

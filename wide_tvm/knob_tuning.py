@@ -270,13 +270,19 @@ def prune(folder: str) -> tuple[int, int]:
     if not os.path.exists(os.path.join(folder, RECORD_FILE)):
         raise WideError(f"{folder}: no MetaSchedule database to prune")
     records = task_records(folder)
-    keep = [rec for _, rec in records if is_current(rec.workload.mod)]
-    with tempfile.TemporaryDirectory(prefix="wide-prune-", dir=folder) as tmp:
+    keep = [(rec.workload.mod, rec) for _, rec in records if is_current(rec.workload.mod)]
+    rewrite_database(folder, keep)
+    return len(keep), len(records) - len(keep)
+
+
+def rewrite_database(folder: str, records: list) -> None:
+    """Replace FOLDER's database, atomically, by `records`: (workload module, tuning record) pairs, each record
+    committed under its given module (prune keeps some; tools/restamp_records.py also re-stamps modules)."""
+    with tempfile.TemporaryDirectory(prefix="wide-rewrite-", dir=folder) as tmp:
         fresh = open_database(tmp)
-        for rec in keep:
-            fresh.commit_tuning_record(ms.database.TuningRecord(rec.trace, fresh.commit_workload(rec.workload.mod),
+        for mod, rec in records:
+            fresh.commit_tuning_record(ms.database.TuningRecord(rec.trace, fresh.commit_workload(mod),
                                                                 rec.run_secs, rec.target, rec.args_info))
         del fresh
         for name in (WORKLOAD_FILE, RECORD_FILE):
             os.replace(os.path.join(tmp, name), os.path.join(folder, name))
-    return len(keep), len(records) - len(keep)

@@ -168,7 +168,7 @@ def device_limits(timer) -> dict:
 def _limit_us(w: Workload, m: int, mask: np.ndarray, limits: dict) -> float:
     """Roofline time of the gated work: used groups' weight bytes + activations, or active FLOPs."""
     counts = mask.sum(axis=0)
-    used = int((counts > 0).sum())
+    used = used_groups(mask)
     other = w.k if w.kind == "gemm_mn" else w.n  # the weight dimension that is not grouped
     w_bytes = used * w.group_size * other * 2 * w.weights
     io_bytes = 2 * m * (w.k + w.n)

@@ -2,6 +2,7 @@
 
 Gated SwiGLU FFN  ->  mask_reorder + gemm_mn (gate/up, SwiGLU epilogue) + gemm_k (down)
 Gated attention   ->  attention stays dense; mask gating + o_proj -> mask_reorder + gemm_k
+(on CUDA gemm_k reads the mask itself, so a reorder only it consumes launches nothing)
 The router itself (and its argmax) stays in the graph: its mask feeds the kernels.
 """
 
@@ -17,8 +18,8 @@ from tvm.relax.dpl import rewrite_call
 from ..errors import WideError
 from ..kernel_knobs import kernel_key
 from ..schedules import gemm_k, gemm_mn, mask_reorder
-from ..schedules.gemv import DIRECT_TOKENS, decode_knobs, direct_bound, supports_k, supports_mn
-from ..schedules.tile_gemm import DEFAULT_TILES, tile_knobs
+from ..schedules.gemv import DIRECT_TOKENS, decode_knobs, supports_k, supports_mn
+from ..schedules.tile_gemm import tile_knobs
 from ..weight_layout import TC_CHUNK, TC_ROWS, stored_shape
 from ..schedules.tiles import tiles_from_log
 from ..schedules.root_block import with_root_block
@@ -135,11 +136,29 @@ def _tuned(state: _State, kind: str, groups: int, group_size: int, dim: int, dty
     return {}
 
 
+# The CUDA gemm_k kernels (every layout, every token count) read the mask themselves: a block lists the groups its
+# tokens run. So a reorder that only gemm_k consumes (a gated projection) never runs: its bound is every count an
+# int32 token index reaches.
+UNREAD = 2**31 - 1
+
+
+def _reorder_bound(state: _State, mn_layout: str | None) -> int:
+    """Token counts up to which no consumer reads the mask reorder, so it launches nothing: on CUDA, up to
+    gemm_mn's direct kernels where the reorder feeds a tensor-core gemm_mn (`mn_layout` "tc"), or every count
+    where it feeds gemm_k alone (`mn_layout` None); on the CPU none (its gemm_k walks the reorder's lists)."""
+    if state.target_kind != "cuda":
+        return 0
+    if mn_layout is None:
+        return UNREAD
+    return DIRECT_TOKENS["gemm_mn"] if mn_layout == "tc" else 0
+
+
 def _reorder_call(state: _State, info: MaskInfo, tokens, direct_tokens: int):
     """(kernel name, call) of the mask reorder: counts [G], order [G, tokens], used [G + 1]. `direct_tokens`:
-    up to this many tokens every consumer reads the mask itself (tensor-core direct kernels), so it runs nothing."""
+    up to this many tokens no consumer reads it (_reorder_bound), so it runs nothing."""
     G = info.groups
-    name = f"wide_mask_reorder_g{G}" + (f"_d{direct_tokens}" if direct_tokens else "")
+    name = f"wide_mask_reorder_g{G}" + ("_unread" if direct_tokens == UNREAD
+                                        else f"_d{direct_tokens}" if direct_tokens else "")
     gv = state.kernel(name, lambda: mask_reorder(G, state.target_kind, direct_tokens))
     call = relax.call_tir(gv, [_flat_mask(info, tokens)],
                           out_ty=[relax.TensorType([G], "int32"), relax.TensorType([G, tokens], "int32"),
@@ -187,14 +206,6 @@ def _gemm_k_plan(state: _State, weight_expr, info: MaskInfo, dtype: str):
     return weight, layout, n_dim
 
 
-def _gemm_k_direct(state: _State, plan, info: MaskInfo, dtype: str) -> int:
-    """Token counts up to which the gemm_k of `plan` reads the mask itself (0: never), with its tuned tile knobs."""
-    if plan[1] != "tc":
-        return 0
-    tuned = _tuned(state, "gemm_k", info.groups, info.group_size, plan[2], dtype)
-    return direct_bound("gemm_k", tuned.get("tile_knobs", DEFAULT_TILES))
-
-
 def _gemm_k_call(state: _State, a2, tokens, dtype: str, plan, info: MaskInfo, reorder, out_expr):
     """(a2 [tokens, K] * mask) @ W through gemm_k, reshaped like `out_expr`, and (kernel name, weight)."""
     weight, layout, n_dim = plan
@@ -235,10 +246,7 @@ def _rewrite_ffn(state: _State, pat):
         if down_plan is None:
             return expr
         (wg, wu), lg = _kernel_layout(state, [wg, wu], lg, supports_mn(gs, hidden, dtype))
-        both_tc = lg == "tc" and down_plan[1] == "tc"
-        reorder_name, reorder = _reorder_call(
-            state, info, tokens, min(DIRECT_TOKENS["gemm_mn"], _gemm_k_direct(state, down_plan, info, dtype))
-            if both_tc else 0)
+        reorder_name, reorder = _reorder_call(state, info, tokens, _reorder_bound(state, lg))
         mn_name = f"wide_gemm_mn_swiglu_g{G}x{gs}_k{hidden}_{dtype}_{lg}"
         extra = _tuned(state, "gemm_mn_swiglu", G, gs, hidden, dtype)
         gv_mn = state.kernel(mn_name, lambda: gemm_mn(G, gs, hidden, dtype, lg, True, state.target_kind, **extra))
@@ -270,8 +278,7 @@ def _rewrite_projection(state: _State, pat):
         if plan is None:
             return expr
         a2 = relax.op.reshape(operand, relax.ShapeExpr([tokens, k]))
-        reorder_name, reorder = _reorder_call(state, info, tokens,
-                                              _gemm_k_direct(state, plan, info, str(operand.ty.dtype)))
+        reorder_name, reorder = _reorder_call(state, info, tokens, _reorder_bound(state, None))
         out, kern = _gemm_k_call(state, a2, tokens, str(operand.ty.dtype), plan, info, reorder, expr)
         kind = "attention" if _is_attention(m[pat.operand], v2v) else "projection"
         state.layers.append(GatedLayer(kind, info.groups, info.group_size, [reorder_name, kern[0]],

@@ -25,7 +25,7 @@ Every output element is written by one thread, with no atomics: deterministic.
 * `wgmma_mn_body` (gate/up with SwiGLU, Q): token tiles sorted per group by the mask reorder; a tile past the
   group's active count only writes its zeros (block-level skipping).
 * `wgmma_k_body` (down, O): token tiles in natural order; the block lists the groups its tokens run and steps
-  through their K slices only (block-level skipping).
+  through their K slices only (block-level skipping); groups narrower than a step share one, side by side.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import NamedTuple
 from tvm.script import tirx as T
 
 from ..targets import hopper_device_code
-from .gemv import ROWS, _sum_k_splits, _used_groups, bit_words, token_runs
+from .gemv import ROWS, _plus, _sum_k_splits, _used_groups, bit_words, token_runs
 from .mask_reorder import block_scan
 from .tile_gemm import TileKnobs, check_tile_knobs
 
@@ -71,8 +71,8 @@ def check_wgmma_shape(group_size: int, k_dim: int, knobs: TileKnobs, swiglu: boo
             raise ValueError(f"the wgmma gemm_k needs a group size that is a multiple of {KSTEP} and N a multiple "
                              f"of {64 * knobs.rows}; got group size {group_size}, N={k_dim}")
         return
-    if knobs.ksplit > 1:
-        raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_k splits K over blocks")
+    if knobs.ksplit > 1 and knobs.persistent:
+        raise ValueError(f"tile knobs {knobs}: a persistent grid does not split K over blocks")
     nb, bn = wgmma_n(group_size, swiglu, knobs)
     if k_dim % KSTEP or bn % ROWS or group_size % bn or nb % 64:
         raise ValueError(f"the wgmma gemm_mn needs K a multiple of {KSTEP} and a group size that {64 * knobs.rows}"
@@ -287,13 +287,26 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     CA = BT * 8 // COPIERS  # 16-byte activation copies per copying thread and step
     CB = NB * 8 // COPIERS
     ZU = BN // 8  # 16-byte output units per token row of the block
+    KB, NST = knobs.ksplit, K // KSTEP  # blocks splitting K (blockIdx.y = column block x KB + split), K steps
 
     def nn(n):
         return T.Cast("int32", n)
 
+    def colblock(by):
+        """The block's column block (blockIdx.y without the split)."""
+        return by if KB == 1 else by // KB
+
+    def first_step(by):
+        """The block's first K step: its split's share starts there."""
+        return 0 if KB == 1 else NST * (by % KB) // KB
+
+    def split_steps(by):
+        """K steps of the block's split (all of them without a split)."""
+        return NST if KB == 1 else NST * (by % KB + 1) // KB - NST * (by % KB) // KB
+
     def chan0(gi, bg):
         """First output channel of this block."""
-        return gi[0] * gs + bg % BPG * BN
+        return gi[0] * gs + colblock(bg) % BPG * BN
 
     def w_row(c, ct, gi, bg):
         """Weight row (of gate, or of up for ring rows past BN) of copier ct's weight copy c."""
@@ -303,7 +316,8 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     def copy_w(step, slot, xs, base, w, c, gi, bg, ct):
         T.ptx["cp.async.cg.shared.global"](
             _ring_ptr(xs, base, slot * STAGE + A_BYTES, c, COPIERS, ct),
-            w.ptr_to([w_row(c, ct, gi, bg) // ROWS, _tc_vector(w_row(c, ct, gi, bg), step * 2 + ct % 8 // 4,
+            w.ptr_to([w_row(c, ct, gi, bg) // ROWS, _tc_vector(w_row(c, ct, gi, bg),
+                                                                _plus(first_step(bg), step) * 2 + ct % 8 // 4,
                                                                 ct % 8)]), 16, T.uint32(16))
 
     @T.macro
@@ -313,7 +327,7 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
             for c in T.unroll(CA):
                 T.ptx["cp.async.cg.shared.global"](
                     _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
-                    x.ptr_to([trow[c], step * KSTEP + ct % 8 * 8]), 16, tsz[c])
+                    x.ptr_to([trow[c], _plus(first_step(bg), step) * KSTEP + ct % 8 * 8]), 16, tsz[c])
             for c in T.unroll(CB):
                 if swiglu and (c * COPIERS + ct) // 8 >= BN:  # up rows follow the gate rows
                     copy_w(step, slot, xs, base, wu, c, gi, bg, ct)
@@ -340,17 +354,27 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                         "float16", (acc[4 * j + e] * T.sigmoid(acc[4 * j + e]) * acc[4 * (j + BN // 8) + e])
                         if swiglu else acc[4 * j + e])
 
+    @T.macro
+    def store_split(ws, acc, order, gi, bt, by, tid, n):
+        """A warpgroup thread's fp32 partials of the tile into ws [KB, n, gate / up, G gs] (its split's slice)."""
+        for j in T.unroll(NB // 8):
+            for e in T.unroll(4):
+                if bt * BT + _acc_row(tid, e) < gi[1]:
+                    ws[((by % KB * nn(n) + order[gi[0], bt * BT + _acc_row(tid, e)]) * (NB // BN) + j // (BN // 8))
+                       * (G * gs) + chan0(gi, by) + _acc_col(j % (BN // 8), tid, e)] = acc[4 * j + e]
+
     if knobs.persistent:
         return _persistent_mn_body(G, gs, K, knobs, NB, BN, specialised_stages(knobs, NB, issue), copy_rows, store)
 
     @T.macro
-    def body(x, wg, wu, mask, counts, order, used, out, n):
+    def main_pass(x, wg, wu, mask, counts, order, used, out, ws, n):
+        """The GEMM; with KB > 1 each split block writes its fp32 partials to ws instead of out, and no zeros."""
         for bt in T.thread_binding((nn(n) + BT - 1) // BT, thread="blockIdx.x"):  # a group's tiles run together
-            for bg in T.thread_binding(G * BPG, thread="blockIdx.y"):
+            for bg in T.thread_binding(G * BPG * KB, thread="blockIdx.y"):
                 xs = T.decl_buffer((ring_bytes(knobs, NB) // 2,), "float16", scope="shared.dyn")
                 for tid in T.thread_binding(THREADS, thread="threadIdx.x"):
                     gi = T.decl_buffer((2,), "int32", scope="local")  # group, its active tokens
-                    gi[0] = bg // BPG
+                    gi[0] = colblock(bg) // BPG
                     gi[1] = T.min(counts[gi[0]], nn(n))
                     if bt * BT < gi[1]:
                         acc = T.decl_buffer((NB // 2,), "float32", scope="local")
@@ -360,18 +384,63 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                         tsz = T.decl_buffer((CA,), "uint32", scope="local")  # its bytes: 16, or 0 past the count
                         if tid >= ring.copier0:
                             copy_rows(trow, tsz, order, gi, bt, tid - ring.copier0)
-                        run(xs, base, desc, acc, K // KSTEP, tid, x, wg, wu, trow, tsz, gi, bg, tid - ring.copier0)
+                        run(xs, base, desc, acc, split_steps(bg), tid, x, wg, wu, trow, tsz, gi, bg,
+                            tid - ring.copier0)
                         if tid < ring.consumers:  # the warpgroups (always, without producer warps)
-                            store(out, acc, order, gi, bt, bg, tid)
-                    # this tile's slots that skip the group (all of them past the count): zeros, 16 bytes a store
-                    for i in range((T.max(T.min(nn(n), bt * BT + BT) - T.max(gi[1], bt * BT), 0) * ZU
-                                    + THREADS - 1) // THREADS):
-                        if i * THREADS + tid < (T.min(nn(n), bt * BT + BT) - T.max(gi[1], bt * BT)) * ZU:
-                            for v in T.vectorized(8):
-                                out[order[gi[0], T.max(gi[1], bt * BT) + (i * THREADS + tid) // ZU],
-                                    chan0(gi, bg) + (i * THREADS + tid) % ZU * 8 + v] = T.float16(0)
+                            if KB > 1:
+                                store_split(ws, acc, order, gi, bt, bg, tid, n)
+                            else:
+                                store(out, acc, order, gi, bt, bg, tid)
+                    if KB == 1:
+                        # this tile's slots that skip the group (all of them past the count): zeros, 16 bytes a
+                        # store (split K: the sum of the partials writes them)
+                        for i in range((T.max(T.min(nn(n), bt * BT + BT) - T.max(gi[1], bt * BT), 0) * ZU
+                                        + THREADS - 1) // THREADS):
+                            if i * THREADS + tid < (T.min(nn(n), bt * BT + BT) - T.max(gi[1], bt * BT)) * ZU:
+                                for v in T.vectorized(8):
+                                    out[order[gi[0], T.max(gi[1], bt * BT) + (i * THREADS + tid) // ZU],
+                                        chan0(gi, bg) + (i * THREADS + tid) % ZU * 8 + v] = T.float16(0)
 
-    return body
+    @T.macro
+    def body(x, wg, wu, mask, counts, order, used, out, n):
+        main_pass(x, wg, wu, mask, counts, order, used, out, out, n)
+
+    @T.macro
+    def body_split(x, wg, wu, mask, counts, order, used, out, n):
+        ws = T.alloc_buffer((KB * nn(n) * (NB // BN) * G * gs,), "float32", scope="global")  # [KB, n, gate / up, N]
+        main_pass(x, wg, wu, mask, counts, order, used, out, ws, n)
+        _sum_mn_splits(ws, out, mask, n, KB, G, gs, swiglu)
+
+    return body_split if KB > 1 else body
+
+
+def _sum_mn_splits(ws, out, mask, n, splits: int, groups: int, group_size: int, swiglu: bool):
+    """Second launch of the K-split gemm_mn: out[t, c] = the sum of the fp32 partials ws [splits, n, gate / up,
+    N] in split order (deterministic; SwiGLU of gate and up), or zero where token t skips c's group. A thread
+    owns 4 consecutive channels and reads the partials only of the groups its token runs."""
+    N, NW, V = groups * group_size, 2 if swiglu else 1, 4
+
+    @T.macro
+    def run(ws, out, mask, n):
+        for bx in T.thread_binding((T.Cast("int32", n) * (N // V) + 255) // 256, thread="blockIdx.x"):
+            for tx in T.thread_binding(256, thread="threadIdx.x"):
+                tot = T.decl_buffer((NW * V,), "float32", scope="local")
+                if bx * 256 + tx < T.Cast("int32", n) * (N // V):
+                    if mask[(bx * 256 + tx) // (N // V), (bx * 256 + tx) % (N // V) * V // group_size] != 0:
+                        for h in T.unroll(NW * V):
+                            tot[h] = T.float32(0)
+                        for i in T.unroll(splits):
+                            for h in T.unroll(NW * V):
+                                tot[h] = tot[h] + ws[((i * T.Cast("int32", n) + (bx * 256 + tx) // (N // V)) * NW
+                                                      + h // V) * N + (bx * 256 + tx) % (N // V) * V + h % V]
+                        for v in T.unroll(V):
+                            out[(bx * 256 + tx) // (N // V), (bx * 256 + tx) % (N // V) * V + v] = T.Cast(
+                                "float16", (tot[v] * T.sigmoid(tot[v]) * tot[V + v]) if swiglu else tot[v])
+                    else:
+                        for v in T.unroll(V):
+                            out[(bx * 256 + tx) // (N // V), (bx * 256 + tx) % (N // V) * V + v] = T.float16(0)
+
+    return run(ws, out, mask, n)
 
 
 def _persistent_mn_body(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: int, stages, copy_rows, store):

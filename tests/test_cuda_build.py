@@ -156,18 +156,23 @@ def test_bench_build_for_cuda(tmp_path):
 
 
 def test_bench_workloads_carry_their_kernels_direct_bound():
-    """A tuned wgmma pick for gemm_k moves its benchmark kernel's direct bound, and with it the mask reorder the
-    benchmark pairs it with, to 32 tokens; a workload that disagrees with its kernel is refused."""
+    """A tuned wgmma pick for gemm_k moves its benchmark kernel's direct bound to 32 tokens; a workload that
+    disagrees with its kernel is refused. The mask reorder the benchmark pairs gemm_k with never runs (gemm_k reads
+    the mask itself, as LowerGatedLayers compiles it); gemm_mn's runs past its direct kernels."""
     from wide_tvm import kernel_knobs
     from wide_tvm.bench.build import our_kernels, with_bounds
-    from wide_tvm.bench.workloads import Workload
+    from wide_tvm.bench.workloads import UNREAD, Workload
+    from wide_tvm.passes import lower_gated
 
     k = Workload("k", "gemm_k", 4, 64, 256)
     tuned = {kernel_knobs.kernel_key("gemm_k", 4, 64, 256, "float16"): {"tiles": [["wgmma", 128, 1, 4]] * 3}}
     (bounded,) = with_bounds([k], "cuda", tuned, True)
-    assert (bounded.direct_tokens, bounded.reorder) == (32, "bench_reorder_g4_d32")
+    assert (bounded.direct_tokens, bounded.reorder) == (32, "bench_reorder_g4_unread")
     assert with_bounds([k], "cuda", tuned, False)[0].direct_tokens == 64  # no wgmma: the mma.sync tiles
-    assert "bench_reorder_g4_d32" in our_kernels([bounded], "cuda", None, tuned, True)
+    assert UNREAD == lower_gated.UNREAD
+    funcs = our_kernels([bounded, Workload("mn", "gemm_mn", 4, 64, 256)], "cuda", None, tuned, True)
+    assert "bench_reorder_g4_unread" in funcs and "bench_reorder_g4_d32" in funcs
+    assert f"n <= T.int64({UNREAD})" in funcs["bench_reorder_g4_unread"].script()
     with pytest.raises(ValueError, match="direct bound is 32 tokens, the workload says 64"):
         our_kernels([k], "cuda", None, tuned, True)
 

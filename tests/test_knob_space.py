@@ -411,3 +411,23 @@ def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path):
     assert secs == pytest.approx(first_secs)  # the re-stamped record is applied; the other stays stale
     pkg = restamp.package_at("HEAD", str(tmp_path / "pkg"))
     assert os.path.exists(os.path.join(pkg, "wide_tvm", "schedules", "gemv.py"))
+    # a record whose template predates stored candidate lists: the code that stamped it reports its lists, and
+    # today's build decodes its decisions with the lists it is given, not today's
+    bare_folder = str(tmp_path / "bare")
+    db = open_database(bare_folder)
+    bare = tvm.IRModule({"main": stale["main"].without_attr("wide.choices")})
+    sch = ks.scheduled(task, {"bm": 0, "bn": 0}, bare)
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(bare), [1e-6], parse_target("llvm"),
+                                                     ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])))
+    del db
+    (space, _, kernel, lists), = restamp.collect(restamp.kernel_hashes(bare_folder, old), "today's code").values()
+    import tvm_ffi
+
+    choices = task.choices()
+    want = str(tvm_ffi.structural_hash(ks.instantiate(task, {"bm": choices["bm"][0], "bn": choices["bn"][0]})))
+    assert kernel == want and json.loads(lists) == {k: list(v) for k, v in choices.items()}
+    other = {"0": json.dumps({"bm": list(choices["bm"]), "bn": list(reversed(choices["bn"]))})}
+    (tmp_path / "lists.json").write_text(json.dumps(other))
+    (_, _, kernel2, given), = restamp.collect(restamp.kernel_hashes(bare_folder, old, choices=str(tmp_path / "lists.json")),
+                                              "today's code").values()
+    assert given is None and kernel2 != kernel  # bn index 0 now names the last bn

@@ -96,13 +96,12 @@ def test_tuned_wgmma_picks_follow_the_target():
 
 def test_gemm_k_hands_33_to_64_tokens_to_its_wgmma_gemm():
     """Where gemm_k's many-token kernel is the wgmma GEMM, its direct kernels stop at 32 tokens (the wgmma GEMM
-    is faster at 33-64 on the H200), and the mask reorder in front of it must then run from 33 tokens on: the
-    kernel's dispatch and LowerGatedLayers' reorder bound come from the same tuned tile knobs."""
+    is faster at 33-64 on the H200). gemm_k reads the mask itself at every count, so the mask reorder in front of it
+    depends only on gemm_mn: up to gemm_mn's direct bound in an FFN, never for a projection that only gemm_k
+    consumes, always on the CPU."""
     import re
-    from types import SimpleNamespace
 
-    from wide_tvm import kernel_knobs
-    from wide_tvm.passes.lower_gated import _gemm_k_direct, _State
+    from wide_tvm.passes.lower_gated import UNREAD, _reorder_bound, _State
     from wide_tvm.schedules.gemv import direct_bound
 
     def bounds(func):
@@ -115,12 +114,14 @@ def test_gemm_k_hands_33_to_64_tokens_to_its_wgmma_gemm():
     assert (direct_bound("gemm_k", wg), direct_bound("gemm_k", DEFAULT_TILES)) == (32, 64)
     assert direct_bound("gemm_mn", wg) == direct_bound("gemm_mn_swiglu", DEFAULT_TILES) == 32
 
-    info, plan = SimpleNamespace(groups=112, group_size=128), (None, "tc", 4096)
-    log = {kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16"): {"tiles": [["wgmma", 128, 2, 6, 4]] * 3}}
-    assert _gemm_k_direct(_State("cuda", {}, None, log, wgmma=True), plan, info, "float16") == 32
-    assert _gemm_k_direct(_State("cuda", {}, None, log), plan, info, "float16") == 64  # no sm_90a: mma.sync tiles
-    assert _gemm_k_direct(_State("cuda", {}, None, {}, wgmma=True), plan, info, "float16") == 64  # untuned
-    assert _gemm_k_direct(_State("cuda", {}, None, log, wgmma=True), (None, "nk", 4096), info, "float16") == 0
+    cuda = _State("cuda", {}, None, {}, wgmma=True)
+    assert _reorder_bound(cuda, "tc") == 32 and _reorder_bound(cuda, "nk") == 0  # the FFN's gate/up decides
+    assert _reorder_bound(cuda, None) == UNREAD  # a projection: gemm_k alone
+    assert _reorder_bound(_State("llvm", {}, None, {}), None) == 0  # the CPU gemm_k walks the reorder's lists
+    # the gemm_k kernels take counts / order / used but no path of theirs reads them on CUDA (the CPU one does)
+    script = gemm_k(4, 64, 256, "float16", "tc", "cuda", tile_knobs=wg).script()
+    assert not re.search(r"(?<![\w.])(counts|order|used)\[", script)
+    assert re.search(r"(?<![\w.])used\[", gemm_k(4, 64, 256, "float32", "nk", "llvm").script())
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -134,9 +135,9 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
     funcs = {}
     for i, v in enumerate(WGMMA_VARIANTS):
         kn = (tile_knob(v),) * 3
-        if len(v) < 5 or v[4] == 1:  # gemm_mn does not split K
-            funcs[f"mn{i}"] = gemm_mn(4, 64, 128, "float16", "tc", True, "cuda", tile_knobs=kn)
-            funcs[f"q{i}"] = gemm_mn(2, 512, 64, "float16", "tc", False, "cuda", tile_knobs=kn)
+        # every set builds gemm_mn, those splitting K too (Q: one K step over 4 or 8 blocks, most of them empty)
+        funcs[f"mn{i}"] = gemm_mn(4, 64, 128, "float16", "tc", True, "cuda", tile_knobs=kn)
+        funcs[f"q{i}"] = gemm_mn(2, 512, 64, "float16", "tc", False, "cuda", tile_knobs=kn)
         if len(v) < 7:  # only gemm_mn runs on a persistent grid
             funcs[f"k{i}"] = gemm_k(3, 64, 256, "float16", "tc", "cuda", tile_knobs=kn)
     funcs["mn32"] = gemm_mn(6, 32, 64, "float16", "tc", True, "cuda", tile_knobs=(WGMMA_TILES,) * 3)

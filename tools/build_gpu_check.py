@@ -105,6 +105,17 @@ KERNELS = [
     ("gemm_k", 112, 128, 4096, "float16", "tc", None, ("wgmma", 128, 2, 6, 4)),
     ("gemm_k", 8, 512, 4096, "float16", "tc", None, ("wgmma", 64, 4, 5, 4)),
     ("gemm_k", 3, 64, 256, "float16", "tc", None, ("wgmma", 64, 4, 5, 3)),
+    # ... gemm_mn split over blocks too (fp32 partials by token, a fixed-order sum that applies SwiGLU and the
+    # gating): Q and gate/up at 4 splits, 64-channel column blocks, one K step over 8 splits, warp-specialised
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 64, 2, 4, 4)),
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 64, 1, 6, 4)),
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 64, 1, 6, 4)),
+    ("gemm_mn_swiglu", 448, 32, 4096, "float16", "tc", None, ("wgmma", 128, 2, 6, 4)),
+    ("gemm_mn_swiglu", 6, 32, 64, "float16", "tc", None, ("wgmma", 64, 2, 4, 8)),
+    ("gemm_mn_swiglu", 4, 64, 128, "float16", "tc", None, ("wgmma", 128, 2, 6, 4)),
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 128, 2, 4, 4, 4)),
+    ("gemm_k", 8, 512, 4096, "float16", "tc", None, ("wgmma", 64, 1, 6, 4)),
+    ("gemm_k", 112, 128, 4096, "float16", "tc", None, ("wgmma", 64, 2, 4, 8)),
     # ... warp-specialised (producer warps, mbarrier-handed ring stages): one K step (fewer than the stages),
     # two producer warps, split K with blocks that get no step at all
     ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 1)),

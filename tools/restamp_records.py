@@ -6,7 +6,9 @@
 
 Every record carries the hash of its space's kernel modules (schedules/code_version.py), so any edit there
 makes all of that space's records stale, also where the edit changed no kernel a record timed (e.g. which token
-buckets a kernel dispatches to). For each record stamped with REV's code version and not today's, this builds
+buckets a kernel dispatches to). A record's knobs are indices into its task's candidate lists; records older than
+the lists stored in their template (`wide.choices`) are decoded with REV's lists, and re-stamped ones keep them, so a
+later change of a list cannot change what they mean. For each record stamped with REV's code version and not today's, this builds
 the record's kernel (its task at its knob values, schedules.knob_space.instantiate) under REV's modules, in a
 subprocess run from `git archive REV`, and under today's, and compares their structural hashes. A record whose
 kernel is the same TIR gets today's stamp; the others stay stale (wide-compile ignores them, `--prune` drops them).
@@ -25,25 +27,38 @@ import tempfile
 
 HASHES = r"""
 import json, sys
-import tvm_ffi
+import tvm, tvm_ffi
 from wide_tvm.knob_tuning import task_records
 from wide_tvm.schedules.code_version import code_version
-from wide_tvm.schedules.knob_space import instantiate, knob_values, replayed
+from wide_tvm.schedules.knob_space import choices_of, instantiate, knob_values, replayed
+given = json.load(open(sys.argv[3])) if len(sys.argv) > 3 else {}
 out = {}
 for i, (task, rec) in enumerate(task_records(sys.argv[1])):
-    if str(rec.workload.mod["main"].attrs.get("wide.code", "")) != sys.argv[2]:
+    mod = rec.workload.mod
+    if str(mod["main"].attrs.get("wide.code", "")) != sys.argv[2]:
         continue
-    values = knob_values(replayed(rec.workload.mod, rec.trace))
-    out[i] = [task.space, code_version(task.space), str(tvm_ffi.structural_hash(instantiate(task, values)))]
+    lists = None
+    if mod["main"].attrs.get("wide.choices") is None:  # decisions index lists that are not stored with them
+        if str(i) in given:
+            mod = tvm.IRModule({"main": mod["main"].with_attr("wide.choices", given[str(i)])})
+        else:
+            lists = json.dumps(choices_of(mod))  # this code's lists
+    values = knob_values(replayed(mod, rec.trace))
+    out[i] = [task.space, code_version(task.space), str(tvm_ffi.structural_hash(instantiate(task, values))), lists]
 json.dump(out, sys.stdout)
 """
 
 
-def kernel_hashes(folder: str, stamp: str, package_root: str | None = None) -> subprocess.Popen:
-    """A subprocess printing {record index: [space, code version, kernel hash]} of FOLDER's records stamped
-    `stamp`, built by the wide_tvm package under package_root (default: the installed one); see `collect`."""
+def kernel_hashes(folder: str, stamp: str, package_root: str | None = None,
+                  choices: str | None = None) -> subprocess.Popen:
+    """A subprocess printing {record index: [space, code version, kernel hash, candidate lists]} of FOLDER's
+    records stamped `stamp`, built by the wide_tvm package under package_root (default: the installed one); see
+    `collect`. Records that do not store their candidate lists (templates older than `wide.choices`) are decoded
+    with the lists of the JSON file `choices` ({record index: lists}) where it has them, else with the package's
+    own lists, which are then reported (else None)."""
     env = dict(os.environ, PYTHONPATH=package_root) if package_root else None
-    return subprocess.Popen([sys.executable, "-c", HASHES, os.path.abspath(folder), stamp], env=env,
+    return subprocess.Popen([sys.executable, "-c", HASHES, os.path.abspath(folder), stamp]
+                            + ([os.path.abspath(choices)] if choices else []), env=env,
                             cwd=package_root or tempfile.gettempdir(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -68,8 +83,10 @@ def package_at(rev: str, dest: str) -> str:
     return dest
 
 
-def compare(folder: str, since: str) -> set[int]:
-    """Indices (task_records order) of FOLDER's records stamped by `since`'s code whose kernel is the same today."""
+def compare(folder: str, since: str) -> tuple[set[int], dict[str, str]]:
+    """Indices (task_records order) of FOLDER's records stamped by `since`'s code whose kernel is the same today,
+    and the candidate lists of `since`'s code for those records that do not store theirs: a record's decisions are
+    indices into the lists it was sampled from, so today's build must decode them with those, not today's."""
     from wide_tvm.schedules.code_version import code_version
 
     with tempfile.TemporaryDirectory(prefix="wide-restamp-") as tmp:
@@ -78,19 +95,23 @@ def compare(folder: str, since: str) -> set[int]:
                                 "code_version as c; print(*(c(s) for s in sys.argv[1:]))", "cpu", "decode", "tile"],
                                env=dict(os.environ, PYTHONPATH=old_root), cwd=old_root, capture_output=True,
                                text=True, check=True).stdout.split()
-        old, new = {}, {}
+        old, new, lists = {}, {}, {}
         for space, stamp in zip(("cpu", "decode", "tile"), probe):
-            if stamp != code_version(space):  # both builds at once, one process each
-                runs = kernel_hashes(folder, stamp, old_root), kernel_hashes(folder, stamp)
-                old |= collect(runs[0], f"{since}'s code")
-                new |= collect(runs[1], "today's code")
-    same = {int(i) for i, (_, _, h) in old.items() if new[i][2] == h}
+            if stamp != code_version(space):
+                found = collect(kernel_hashes(folder, stamp, old_root), f"{since}'s code")
+                old |= found
+                given = {i: r[3] for i, r in found.items() if r[3] is not None}
+                lists |= given
+                with open(os.path.join(tmp, f"lists_{space}.json"), "w") as f:
+                    json.dump(given, f)
+                new |= collect(kernel_hashes(folder, stamp, choices=f.name), "today's code")
+    same = {int(i) for i, r in old.items() if new[i][2] == r[2]}
     print(f"{len(old)} records stamped by {since}'s code: {len(same)} build the same kernel today, "
-          f"{len(old) - len(same)} do not")
-    for i, (space, _, _) in sorted(old.items(), key=lambda kv: int(kv[0])):
+          f"{len(old) - len(same)} do not; {len(lists)} get their candidate lists stored")
+    for i, (space, *_) in sorted(old.items(), key=lambda kv: int(kv[0])):
         if int(i) not in same:
             print(f"  record {i} ({space}): its kernel changed")
-    return same
+    return same, {i: v for i, v in lists.items() if int(i) in same}
 
 
 def main() -> int:
@@ -110,19 +131,23 @@ def main() -> int:
 
     if args.from_report:
         with open(args.from_report) as f:
-            same = set(json.load(f)["same"])
+            report = json.load(f)
+        same, lists = set(report["same"]), report.get("lists", {})
     else:
-        same = compare(args.folder, args.since)
+        same, lists = compare(args.folder, args.since)
         if args.report:
             with open(args.report, "w") as f:
-                json.dump({"folder": args.folder, "since": args.since, "same": sorted(same)}, f)
+                json.dump({"folder": args.folder, "since": args.since, "same": sorted(same), "lists": lists}, f)
     if not args.write:
         return 0
     records = []
     for i, (task, rec) in enumerate(task_records(args.folder)):
         mod = rec.workload.mod
         if i in same:
-            mod = tvm.IRModule({"main": mod["main"].with_attr("wide.code", code_version(task.space))})
+            func = mod["main"].with_attr("wide.code", code_version(task.space))
+            if str(i) in lists:  # the lists its decisions index, from the code that stamped it
+                func = func.with_attr("wide.choices", lists[str(i)])
+            mod = tvm.IRModule({"main": func})
         records.append((mod, rec))
     rewrite_database(args.folder, records)
     print(f"rewrote {args.folder}: {len(same)} records re-stamped")

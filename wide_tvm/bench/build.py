@@ -73,11 +73,12 @@ def our_kernels(workloads: list[Workload], target_kind: str, sweep: str | None =
     funcs = {}
     for w in workloads:
         funcs[w.kernel] = _kernel(w, target_kind, tuned=tuned, wgmma=wgmma).with_attr("global_symbol", w.kernel)
-        direct = built_bound(w, target_kind, tuned, wgmma)  # the reorder runs past it, as LowerGatedLayers has it
+        direct = built_bound(w, target_kind, tuned, wgmma)
         if direct and direct != w.direct_tokens:
             raise ValueError(f"{w.name}: its kernel's direct bound is {direct} tokens, the workload says "
                              f"{w.direct_tokens} (with_bounds sets it)")
-        funcs[w.reorder] = mask_reorder(w.groups, target_kind, direct).with_attr("global_symbol", w.reorder)
+        funcs[w.reorder] = mask_reorder(w.groups, target_kind, w.reorder_bound if direct else 0).with_attr(
+            "global_symbol", w.reorder)
         if sweep and target_kind == "cuda":
             for v in variants(w) if sweep == "all" else ():
                 knobs = GemvKnobs(*v)

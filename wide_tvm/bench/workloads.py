@@ -8,6 +8,7 @@ TOKENS = (1, 4, 8, 16, 32, 64, 512, 4096)
 SWEEP_TOKENS = (1, 4, 8, 16, 32, 64)  # token counts the knob sweep times: every DECODE_BUCKETS bucket
 DIRECT_TOKENS = {"gemm_mn": 32, "gemm_k": 64}  # = schedules.gemv.DIRECT_TOKENS
 DECODE_BUCKETS = (1, 8, 16, 32, 64)  # = schedules.gemv.DECODE_BUCKETS (the GPU host cannot import the kernels)
+UNREAD = 2**31 - 1  # = passes.lower_gated.UNREAD: the reorder bound of a kernel that never reads the reorder
 SPARSITIES = (0.25, 0.5, 0.75)
 MASKS = ("random", "skewed")
 
@@ -59,9 +60,16 @@ class Workload:
         return self.direct or DIRECT_TOKENS[self.kind]
 
     @property
+    def reorder_bound(self) -> int:
+        """Token counts up to which the mask reorder in front of this kernel launches nothing, as LowerGatedLayers
+        compiles it: gemm_mn reads it past its direct kernels, gemm_k never (its blocks read the mask)."""
+        return UNREAD if self.kind == "gemm_k" else self.direct_tokens
+
+    @property
     def reorder(self) -> str:
-        """The mask reorder this kernel is measured with (it launches nothing up to `direct_tokens`)."""
-        return f"bench_reorder_g{self.groups}_d{self.direct_tokens}"
+        """The mask reorder this kernel is measured with (it launches nothing up to `reorder_bound`)."""
+        return f"bench_reorder_g{self.groups}_" + ("unread" if self.reorder_bound == UNREAD
+                                                   else f"d{self.reorder_bound}")
 
     @property
     def dense(self) -> str:
@@ -98,8 +106,8 @@ K_VARIANTS = ((16, 2), (16, 4), (32, 1), (32, 2), (8, 2, 2), (16, 2, 2), (16, 1,
 TILE_VARIANTS = (("gemv",), (128, 1, 3, 1), (64, 1, 3, 1), (128, 2, 3, 1), (64, 2, 3, 1), (128, 1, 4, 2),
                  (128, 2, 4, 2), (64, 2, 4, 2), (128, 1, 2, 1))
 # The Hopper wgmma tile GEMMs ("wgmma", tokens per block, wgmma N / 64, ring stages[, blocks splitting K[, producer
-# warps[, persistent blocks]]]), sm_90a; gemm_k needs groups of whole 64-wide K steps, and only gemm_k splits K
-# (schedules.wgmma_gemm)
+# warps[, persistent blocks]]]), sm_90a; gemm_k needs groups of whole 64-wide K steps, and a persistent grid does
+# not split K (schedules.wgmma_gemm)
 WGMMA_VARIANTS = (("wgmma", 128, 4, 4), ("wgmma", 128, 2, 4), ("wgmma", 128, 2, 6), ("wgmma", 64, 4, 5),
                   ("wgmma", 128, 4, 4, 2), ("wgmma", 128, 2, 6, 4), ("wgmma", 64, 4, 5, 4),
                   # warp-specialised: a producer warp per SM sub-partition fills the ring, the warpgroups only wait
@@ -107,7 +115,10 @@ WGMMA_VARIANTS = (("wgmma", 128, 4, 4), ("wgmma", 128, 2, 4), ("wgmma", 128, 2, 
                   ("wgmma", 128, 4, 4, 1, 4), ("wgmma", 128, 2, 4, 1, 4), ("wgmma", 128, 2, 6, 1, 4),
                   # ... on a persistent grid of one block per H200 SM (gemm_mn): one ring through all of a block's
                   # tiles, no blocks for tiles past a group's count
-                  ("wgmma", 128, 4, 4, 1, 4, 132), ("wgmma", 128, 2, 4, 1, 4, 132))
+                  ("wgmma", 128, 4, 4, 1, 4, 132), ("wgmma", 128, 2, 4, 1, 4, 132),
+                  # more blocks for a few hundred tokens or fewer (Q: 8 groups x 4 column blocks): K split over 4
+                  # or 8 blocks, 64-channel column blocks
+                  ("wgmma", 64, 2, 4, 4), ("wgmma", 64, 1, 6, 4), ("wgmma", 64, 2, 4, 8))
 TILE_BUCKETS = (128, 512)  # = schedules.tile_gemm.TILE_BUCKETS
 TILE_SWEEP_BUCKETS = tuple(f"tiles{b}" for b in TILE_BUCKETS) + ("tiles",)  # their names in a sweep's picks
 PREFILL_SWEEP_TOKENS = (65, 128, 256, 512, 1024, 4096)
@@ -137,9 +148,13 @@ def swept_variants(w: Workload, tokens: int, wgmma: bool, sweep: str | None) -> 
 
 def wgmma_fits(w: Workload, v: tuple) -> bool:
     """Whether schedules.wgmma_gemm builds `w` with wgmma tile knobs v (its check_wgmma_shape, without importing
-    the kernels): 64-wide K steps, and for gemm_k whole steps per group and N in wgmma N tiles."""
+    the kernels): 64-wide K steps and column blocks that split a group (gemm_mn), or whole steps per group and N in
+    wgmma N tiles (gemm_k); K split over blocks only on a per-tile grid."""
     if w.kind == "gemm_mn":
-        return w.k % 64 == 0 and w.group_size % 16 == 0 and (len(v) < 5 or v[4] == 1)
+        nw = 2 if w.swiglu else 1
+        bn = min(w.group_size, 64 * v[2] // nw)  # output channels per block (wgmma_gemm.wgmma_n)
+        return (w.k % 64 == 0 and bn % 16 == 0 and w.group_size % bn == 0 and nw * bn % 64 == 0
+                and (len(v) < 7 or not v[6] or v[4] == 1))
     return w.group_size % 64 == 0 and w.n % (64 * v[2]) == 0 and (len(v) < 7 or not v[6])
 
 

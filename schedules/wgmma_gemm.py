@@ -67,9 +67,9 @@ def check_wgmma_shape(group_size: int, k_dim: int, knobs: TileKnobs, swiglu: boo
     if swiglu is None:
         if knobs.persistent:
             raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_mn runs on a persistent grid")
-        if group_size % KSTEP or k_dim % (64 * knobs.rows):
-            raise ValueError(f"the wgmma gemm_k needs a group size that is a multiple of {KSTEP} and N a multiple "
-                             f"of {64 * knobs.rows}; got group size {group_size}, N={k_dim}")
+        if (group_size % KSTEP and group_size != KSTEP // 2) or k_dim % (64 * knobs.rows):
+            raise ValueError(f"the wgmma gemm_k needs a group size that is {KSTEP // 2} or a multiple of {KSTEP} and "
+                             f"N a multiple of {64 * knobs.rows}; got group size {group_size}, N={k_dim}")
         return
     if knobs.ksplit > 1 and knobs.persistent:
         raise ValueError(f"tile knobs {knobs}: a persistent grid does not split K over blocks")
@@ -557,7 +557,6 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
     ring = ring_layout(knobs, NB)
     THREADS, COPIERS, A_BYTES, STAGE = ring.threads, ring.copiers, ring.a_bytes, ring.stage
     WARPS = THREADS // 32
-    SPG = gs // KSTEP  # K steps per group slice
     CA = BT * 8 // COPIERS
     CB = NB * 8 // COPIERS
     BITS = G + 1 + WARPS  # where the token bit sets start in the shared list buffer
@@ -566,9 +565,63 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
     def nn(n):
         return T.Cast("int32", n)
 
-    def k0(sused, step):
-        """First K of step `step` (through the listed groups)."""
-        return sused[step // SPG] * gs + step % SPG * KSTEP
+    if gs % KSTEP == 0:  # a listed group is SPG whole K steps
+        SPG = gs // KSTEP
+
+        def k0(sused, step):
+            """First K of step `step` (through the listed groups)."""
+            return sused[step // SPG] * gs + step % SPG * KSTEP
+
+        def steps(sused):
+            return sused[G] * SPG
+
+        @T.macro
+        def copy_a(xs, base, slot, a, sused, step, bt, c, ct, n):
+            T.ptx["cp.async.cg.shared.global"](
+                _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
+                a.ptr_to([T.min(bt * BT + (c * COPIERS + ct) // 8, nn(n) - 1), k0(sused, step) + ct % 8 * 8]),
+                16, T.Select(token_runs(sused, BITS, G, step // SPG, (c * COPIERS + ct) // 8) != 0,
+                             T.uint32(16), T.uint32(0)))
+
+        @T.macro
+        def copy_w(xs, base, slot, w, sused, step, bx, c, ct):
+            T.ptx["cp.async.cg.shared.global"](
+                _ring_ptr(xs, base, slot * STAGE + A_BYTES, c, COPIERS, ct),
+                w.ptr_to([(bx * NB + (c * COPIERS + ct) // 8) // ROWS,
+                          _tc_vector(bx * NB + (c * COPIERS + ct) // 8, k0(sused, step) // 32 + ct % 8 // 4,
+                                     ct % 8)]), 16, T.uint32(16))
+    else:  # groups of half a step (32 K): a step packs GPS = 2 listed groups side by side in its K
+        GPS, UPG = KSTEP // gs, gs // 8  # listed groups per step, 16-byte units per group
+
+        def listed(step, ct):
+            """Index in the used list of the group copier ct's 16-byte unit of step `step` belongs to."""
+            return step * GPS + ct % 8 // UPG
+
+        def unit_k(sused, step, ct):
+            """Global K of copier ct's unit: its group's slice (the last listed group for a slot past the list)."""
+            return (sused[T.min(listed(step, ct), sused[G] - 1)] * gs + ct % 8 % UPG * 8)
+
+        def steps(sused):
+            return (sused[G] + GPS - 1) // GPS
+
+        @T.macro
+        def copy_a(xs, base, slot, a, sused, step, bt, c, ct, n):
+            T.ptx["cp.async.cg.shared.global"](
+                _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
+                a.ptr_to([T.min(bt * BT + (c * COPIERS + ct) // 8, nn(n) - 1), unit_k(sused, step, ct)]),
+                16, T.Select(listed(step, ct) < sused[G]
+                             and token_runs(sused, BITS, G, T.min(listed(step, ct), sused[G] - 1),
+                                            (c * COPIERS + ct) // 8) != 0, T.uint32(16), T.uint32(0)))
+
+        @T.macro
+        def copy_w(xs, base, slot, w, sused, step, bx, c, ct):
+            """A slot past the used list is zero-filled (its activations are zeros too)."""
+            T.ptx["cp.async.cg.shared.global"](
+                _ring_ptr(xs, base, slot * STAGE + A_BYTES, c, COPIERS, ct),
+                w.ptr_to([(bx * NB + (c * COPIERS + ct) // 8) // ROWS,
+                          _tc_vector(bx * NB + (c * COPIERS + ct) // 8, unit_k(sused, step, ct) // 32,
+                                     unit_k(sused, step, ct) % 32 // 8)]), 16,
+                T.Select(listed(step, ct) < sused[G], T.uint32(16), T.uint32(0)))
 
     @T.macro
     def issue(step, slot, nsteps, xs, base, a, w, sused, first, bt, bx, ct, n):
@@ -576,18 +629,9 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
         slot `slot`."""
         if step < nsteps:
             for c in T.unroll(CA):
-                T.ptx["cp.async.cg.shared.global"](
-                    _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
-                    a.ptr_to([T.min(bt * BT + (c * COPIERS + ct) // 8, nn(n) - 1),
-                              k0(sused, first[0] + step) + ct % 8 * 8]),
-                    16, T.Select(token_runs(sused, BITS, G, (first[0] + step) // SPG, (c * COPIERS + ct) // 8) != 0,
-                                 T.uint32(16), T.uint32(0)))
+                copy_a(xs, base, slot, a, sused, first[0] + step, bt, c, ct, n)
             for c in T.unroll(CB):
-                T.ptx["cp.async.cg.shared.global"](
-                    _ring_ptr(xs, base, slot * STAGE + A_BYTES, c, COPIERS, ct),
-                    w.ptr_to([(bx * NB + (c * COPIERS + ct) // 8) // ROWS,
-                              _tc_vector(bx * NB + (c * COPIERS + ct) // 8,
-                                         k0(sused, first[0] + step) // 32 + ct % 8 // 4, ct % 8)]), 16, T.uint32(16))
+                copy_w(xs, base, slot, w, sused, first[0] + step, bx, c, ct)
         T.ptx["cp.async.commit_group"]()
 
     run = wgmma_mainloop(knobs, NB, issue)
@@ -606,8 +650,8 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                     desc = T.decl_buffer((2,), "uint64", scope="local")
                     nst = T.decl_buffer((1,), "int32", scope="local")  # this block's K steps (registers: loop bounds)
                     first = T.decl_buffer((1,), "int32", scope="local")  # ... from this listed step on
-                    first[0] = sused[G] * SPG * (by % KB) // KB
-                    nst[0] = sused[G] * SPG * (by % KB + 1) // KB - first[0]
+                    first[0] = steps(sused) * (by % KB) // KB
+                    nst[0] = steps(sused) * (by % KB + 1) // KB - first[0]
                     run(xs, base, desc, acc, nst[0], tid, a, w, sused, first, bt, by // KB, tid - ring.copier0, n)
                     if tid < ring.consumers:  # the warpgroups (always, without producer warps)
                         for j in T.unroll(NB // 8):

@@ -53,14 +53,17 @@ def test_wgmma_tiles_and_shared_memory():
     assert ring_bytes(ws, 256) == ring_bytes(WGMMA_TILES, 256) + 4 * 16  # + a full and an empty mbarrier a stage
     assert ring_layout(ws, 256) == (288, 256, 32, 128 * 128, (128 + 256) * 128)  # 2 warpgroups + 1 producer warp
     assert ring_layout(WGMMA_TILES, 256).copiers == 256 and ring_layout(ws, 256).copier0 == 256
-    with pytest.raises(ValueError, match="group size that is a multiple of 64"):
-        check_wgmma_shape(32, 4096, WGMMA_TILES)  # gemm_k: group slices must be whole 64-wide K steps
+    check_wgmma_shape(32, 4096, WGMMA_TILES)  # gemm_k: groups of 32 go two to a 64-wide K step
+    for gs in (16, 96):  # ... other group slices must be whole K steps
+        with pytest.raises(ValueError, match="group size that is 32 or a multiple of 64"):
+            check_wgmma_shape(gs, 4096, WGMMA_TILES)
     with pytest.raises(ValueError, match="K a multiple of 64"):
         gemm_mn(4, 16, 96, "float16", "tc", True, "cuda", tile_knobs=(WGMMA_TILES,) * 3)
     with pytest.raises(ValueError, match="not the wgmma GEMM's"):
         check_wgmma_shape(128, 4096, TileKnobs(), True)
-    with pytest.raises(ValueError, match="only the wgmma gemm_k splits K"):
-        check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 2), True)
+    check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 2), True)  # gemm_mn splits K too
+    with pytest.raises(ValueError, match="a persistent grid does not split K"):
+        check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 2, 4, 132), True)
     with pytest.raises(ValueError, match="only the wgmma gemm_mn runs on a persistent grid"):
         check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 1, 4, 132))
 
@@ -126,8 +129,8 @@ def test_gemm_k_hands_33_to_64_tokens_to_its_wgmma_gemm():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_wgmma_kernels_build_for_every_knob(tmp_path):
-    """gate/up (groups of 32 and 64), Q-like (several blocks per group) and gemm_k (also split over blocks) at
-    every swept wgmma knob set compile to sm_90a device code (importing the kernels registers the sm_90 -> sm_90a
+    """gate/up (groups of 32 and 64), Q-like (several blocks per group) and gemm_k (also split over blocks, and with
+    groups of 32) at every swept wgmma knob set compile to sm_90a device code (importing the kernels registers the sm_90 -> sm_90a
     device compile, so a plain sm_90 target works too): asynchronous wgmmas with descriptors, a zero-filling
     cp.async ring in dynamic shared memory."""
     from wide_tvm.bench.workloads import WGMMA_VARIANTS
@@ -141,6 +144,8 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
         if len(v) < 7:  # only gemm_mn runs on a persistent grid
             funcs[f"k{i}"] = gemm_k(3, 64, 256, "float16", "tc", "cuda", tile_knobs=kn)
     funcs["mn32"] = gemm_mn(6, 32, 64, "float16", "tc", True, "cuda", tile_knobs=(WGMMA_TILES,) * 3)
+    for name, v in (("k32", ("wgmma", 128, 2, 6, 4)), ("k32p", ("wgmma", 64, 1, 4, 1, 1))):  # two groups a K step
+        funcs[name] = gemm_k(5, 32, 256, "float16", "tc", "cuda", tile_knobs=(tile_knob(v),) * 3)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})  # a plain sm_90 target, not through parse_target
     with target:
         lib = tvm.compile(tvm.IRModule({k: f.with_attr("global_symbol", k) for k, f in funcs.items()}), target)

@@ -116,6 +116,14 @@ KERNELS = [
     ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 128, 2, 4, 4, 4)),
     ("gemm_k", 8, 512, 4096, "float16", "tc", None, ("wgmma", 64, 1, 6, 4)),
     ("gemm_k", 112, 128, 4096, "float16", "tc", None, ("wgmma", 64, 2, 4, 8)),
+    # ... gemm_k with groups of half a K step (32 K: two listed groups share a step; the half past an odd list is
+    # zero-filled): down g32 per tile, split and warp-specialised, and small shapes
+    ("gemm_k", 448, 32, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4)),
+    ("gemm_k", 448, 32, 4096, "float16", "tc", None, ("wgmma", 128, 2, 6, 4)),
+    ("gemm_k", 448, 32, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 4)),
+    ("gemm_k", 6, 32, 64, "float16", "tc", None, ("wgmma", 64, 1, 4)),
+    ("gemm_k", 7, 32, 128, "float16", "tc", None, ("wgmma", 64, 2, 4, 3)),
+    ("gemm_k", 5, 32, 64, "float16", "tc", None, ("wgmma", 128, 1, 4, 1, 1)),
     # ... warp-specialised (producer warps, mbarrier-handed ring stages): one K step (fewer than the stages),
     # two producer warps, split K with blocks that get no step at all
     ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 1)),

@@ -106,8 +106,8 @@ K_VARIANTS = ((16, 2), (16, 4), (32, 1), (32, 2), (8, 2, 2), (16, 2, 2), (16, 1,
 TILE_VARIANTS = (("gemv",), (128, 1, 3, 1), (64, 1, 3, 1), (128, 2, 3, 1), (64, 2, 3, 1), (128, 1, 4, 2),
                  (128, 2, 4, 2), (64, 2, 4, 2), (128, 1, 2, 1))
 # The Hopper wgmma tile GEMMs ("wgmma", tokens per block, wgmma N / 64, ring stages[, blocks splitting K[, producer
-# warps[, persistent blocks]]]), sm_90a; gemm_k needs groups of whole 64-wide K steps, and a persistent grid does
-# not split K (schedules.wgmma_gemm)
+# warps[, persistent blocks]]]), sm_90a; gemm_k needs groups of whole 64-wide K steps or of 32 K, and a persistent
+# grid does not split K (schedules.wgmma_gemm)
 WGMMA_VARIANTS = (("wgmma", 128, 4, 4), ("wgmma", 128, 2, 4), ("wgmma", 128, 2, 6), ("wgmma", 64, 4, 5),
                   ("wgmma", 128, 4, 4, 2), ("wgmma", 128, 2, 6, 4), ("wgmma", 64, 4, 5, 4),
                   # warp-specialised: a producer warp per SM sub-partition fills the ring, the warpgroups only wait
@@ -148,14 +148,15 @@ def swept_variants(w: Workload, tokens: int, wgmma: bool, sweep: str | None) -> 
 
 def wgmma_fits(w: Workload, v: tuple) -> bool:
     """Whether schedules.wgmma_gemm builds `w` with wgmma tile knobs v (its check_wgmma_shape, without importing
-    the kernels): 64-wide K steps and column blocks that split a group (gemm_mn), or whole steps per group and N in
-    wgmma N tiles (gemm_k); K split over blocks only on a per-tile grid."""
+    the kernels): 64-wide K steps and column blocks that split a group (gemm_mn), or groups of whole steps or of
+    32 K (two a step) and N in wgmma N tiles (gemm_k); K split over blocks only on a per-tile grid."""
     if w.kind == "gemm_mn":
         nw = 2 if w.swiglu else 1
         bn = min(w.group_size, 64 * v[2] // nw)  # output channels per block (wgmma_gemm.wgmma_n)
         return (w.k % 64 == 0 and bn % 16 == 0 and w.group_size % bn == 0 and nw * bn % 64 == 0
                 and (len(v) < 7 or not v[6] or v[4] == 1))
-    return w.group_size % 64 == 0 and w.n % (64 * v[2]) == 0 and (len(v) < 7 or not v[6])
+    whole = w.group_size % 64 == 0 or w.group_size == 32  # whole K steps, or two groups a step
+    return whole and w.n % (64 * v[2]) == 0 and (len(v) < 7 or not v[6])
 
 
 def tile_name(v: tuple) -> str:

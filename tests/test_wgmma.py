@@ -122,8 +122,9 @@ def test_gemm_k_hands_33_to_64_tokens_to_its_wgmma_gemm():
     assert _reorder_bound(cuda, None) == UNREAD  # a projection: gemm_k alone
     assert _reorder_bound(_State("llvm", {}, None, {}), None) == 0  # the CPU gemm_k walks the reorder's lists
     # the gemm_k kernels take counts / order / used but no path of theirs reads them on CUDA (the CPU one does)
-    script = gemm_k(4, 64, 256, "float16", "tc", "cuda", tile_knobs=wg).script()
-    assert not re.search(r"(?<![\w.])(counts|order|used)\[", script)
+    for script in (gemm_k(4, 64, 256, "float16", "tc", "cuda", tile_knobs=wg).script(),
+                   gemm_k(4, 64, 256, "float32", "nk", "cuda").script()):
+        assert not re.search(r"(?<![\w.])(counts|order|used)\[", script)
     assert re.search(r"(?<![\w.])used\[", gemm_k(4, 64, 256, "float32", "nk", "llvm").script())
 
 

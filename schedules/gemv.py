@@ -81,8 +81,9 @@ WGMMA_DIRECT_TOKENS = 32
 
 def direct_bound(kind: str, tile_knobs: tuple) -> int:
     """Token counts up to which a tensor-core kernel of `kind` ("gemm_k" or a gemm_mn kind) runs its direct kernels,
-    given its many-token knobs per tile bucket (schedules/tile_gemm.py: tile_knobs): the mask reorder must launch
-    past exactly this bound, since the direct kernels read the mask and the others the reorder's order."""
+    given its many-token knobs per tile bucket (schedules/tile_gemm.py: tile_knobs). Past it gemm_mn's many-token
+    kernels read the mask reorder's sorted order (so its reorder launches from there on); no gemm_k kernel reads
+    the reorder at any count (passes/lower_gated.py: _reorder_bound)."""
     if kind == "gemm_k":
         return WGMMA_DIRECT_TOKENS if tile_knobs[0].kernel == "wgmma" else DIRECT_TOKENS["gemm_k"]
     return DIRECT_TOKENS["gemm_mn"]

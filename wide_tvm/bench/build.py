@@ -62,7 +62,7 @@ def built_bound(w: Workload, target_kind: str, tuned: dict | None, wgmma: bool) 
 
 def with_bounds(workloads: list[Workload], target_kind: str, tuned: dict | None, wgmma: bool) -> list[Workload]:
     """The workloads with their built kernels' direct bounds, which the GPU host reads from bench.json (it picks
-    each row's mask reorder by it)."""
+    each row's kernel bucket by it, and gemm_mn's mask reorder; gemm_k's reorder never runs)."""
     return [replace(w, direct=built_bound(w, target_kind, tuned, wgmma)) for w in workloads]
 
 

@@ -19,7 +19,8 @@ from ..errors import WideError
 from ..kernel_knobs import kernel_key
 from ..schedules import gemm_k, gemm_mn, mask_reorder
 from ..schedules.gemv import DIRECT_TOKENS, decode_knobs, supports_k, supports_mn
-from ..schedules.tile_gemm import tile_knobs
+from ..schedules.tile_gemm import DEFAULT_TILES, tile_knobs
+from ..schedules.wgmma_gemm import reorder_free_bound
 from ..weight_layout import TC_CHUNK, TC_ROWS, stored_shape
 from ..schedules.tiles import tiles_from_log
 from ..schedules.root_block import with_root_block
@@ -142,15 +143,18 @@ def _tuned(state: _State, kind: str, groups: int, group_size: int, dim: int, dty
 UNREAD = 2**31 - 1
 
 
-def _reorder_bound(state: _State, mn_layout: str | None) -> int:
-    """Token counts up to which no consumer reads the mask reorder, so it launches nothing: on CUDA, up to
-    gemm_mn's direct kernels where the reorder feeds a tensor-core gemm_mn (`mn_layout` "tc"), or every count
-    where it feeds gemm_k alone (`mn_layout` None); on the CPU none (its gemm_k walks the reorder's lists)."""
+def _reorder_bound(state: _State, mn_layout: str | None, mn_knobs: dict | None = None) -> int:
+    """Token counts up to which no consumer reads the mask reorder, so it launches nothing: on CUDA, where the
+    reorder feeds a tensor-core gemm_mn (`mn_layout` "tc", `mn_knobs` its _tuned keywords), up to its direct
+    kernels and the many-token kernels that sort their tokens themselves (wgmma_gemm.reorder_free_bound), or every
+    count where it feeds gemm_k alone (`mn_layout` None); on the CPU none (its gemm_k walks the reorder's lists)."""
     if state.target_kind != "cuda":
         return 0
     if mn_layout is None:
         return UNREAD
-    return DIRECT_TOKENS["gemm_mn"] if mn_layout == "tc" else 0
+    if mn_layout != "tc":
+        return 0
+    return max(DIRECT_TOKENS["gemm_mn"], reorder_free_bound((mn_knobs or {}).get("tile_knobs", DEFAULT_TILES)))
 
 
 def _reorder_call(state: _State, info: MaskInfo, tokens, direct_tokens: int):
@@ -246,9 +250,9 @@ def _rewrite_ffn(state: _State, pat):
         if down_plan is None:
             return expr
         (wg, wu), lg = _kernel_layout(state, [wg, wu], lg, supports_mn(gs, hidden, dtype))
-        reorder_name, reorder = _reorder_call(state, info, tokens, _reorder_bound(state, lg))
         mn_name = f"wide_gemm_mn_swiglu_g{G}x{gs}_k{hidden}_{dtype}_{lg}"
         extra = _tuned(state, "gemm_mn_swiglu", G, gs, hidden, dtype)
+        reorder_name, reorder = _reorder_call(state, info, tokens, _reorder_bound(state, lg, extra))
         gv_mn = state.kernel(mn_name, lambda: gemm_mn(G, gs, hidden, dtype, lg, True, state.target_kind, **extra))
         x2 = relax.op.reshape(xg, relax.ShapeExpr([tokens, hidden]))
         h = relax.call_tir(gv_mn, [x2, wg, wu, _flat_mask(info, tokens), relax.TupleGetItem(reorder, 0),

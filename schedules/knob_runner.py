@@ -2,7 +2,8 @@
 
 The builder instantiates the real kernel from a scheduled template's knob annotations and compiles it; the runner
 allocates valid inputs (a 50 % random mask and its reorder, not random integers), times the candidate (on a GPU
-with an L2 flush before every call, as wide-bench does), then checks its output rows against NumPy, so a knob
+with an L2 flush before every call, as wide-bench does; with the mask reorder a model runs in front of it), then
+checks its output rows against NumPy, so a knob
 combination that computes garbage is recorded as a failed run and can never be the database's pick.
 """
 
@@ -13,18 +14,28 @@ import tvm
 from tvm import tirx
 
 from ..weight_layout import pack
-from .knob_space import instantiate, knob_values, tag_task, task_of
+from .knob_space import instantiate, knob_values, tag_task, task_of, task_reorder
 
 CHECK_TOKENS = 8  # output rows (tokens) the runner checks against NumPy after timing a candidate
 CHECK_TOLERANCE = 2e-2  # max |out - ref| / max |ref| a candidate may reach (fp16 kernels: ~3e-4)
+REORDER = "reorder"  # a candidate module's mask reorder, when a model runs one in front of the kernel
+# gemm_mn's many-token buckets (<= 128, <= 512 tokens) are also timed at these counts, a candidate's time being the
+# mean over both: a bucket's pick serves every count in it, and gate/up g32's pick timed at 128 tokens alone ran
+# 88 us at 33-65 tokens where the runner-up ran 72-74 (docs/performance.md)
+ALSO_TIMED = {128: 64, 512: 256}
 
 
 def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params=None) -> tvm.runtime.Module:
-    """MetaSchedule builder function: the kernel a scheduled template selects, compiled for `target`."""
+    """MetaSchedule builder function: the kernel a scheduled template selects ("main"), and the mask reorder a
+    model runs in front of it ("reorder", knob_space.task_reorder; timed with it), compiled for `target`."""
     task = task_of(mod)
-    func = with_tag(instantiate(task, knob_values(mod)), mod["main"]).with_attr("global_symbol", "main")
+    values = knob_values(mod)
+    funcs = {"main": with_tag(instantiate(task, values), mod["main"]).with_attr("global_symbol", "main")}
+    reorder = task_reorder(task, values)
+    if reorder is not None:
+        funcs[REORDER] = reorder.with_attr("global_symbol", REORDER)
     with target:
-        return tvm.compile(tvm.IRModule({"main": func}), target).mod
+        return tvm.compile(tvm.IRModule(funcs), target).mod
 
 
 def with_tag(func: tirx.PrimFunc, template_func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -38,7 +49,8 @@ _ARGS_CACHE: dict = {}  # runner worker: the last few argument sets, reused by t
 def alloc_args(device, args_info, alloc_repeat: int) -> list:
     """MetaSchedule runner allocator: random activations and weights, and a 50 % random mask with its reorder
     (counts, order, used) instead of random integers, which would index out of bounds. Seeded, and cached per
-    signature, so every candidate of a task is timed on the same inputs. Each argument set's expected output
+    signature, so every candidate of a task is timed on the same inputs. gemm_mn tasks at a count of ALSO_TIMED
+    get argument sets at that count too (the kernels take any token count). Each argument set's expected output
     rows (CHECK_TOKENS tokens, NumPy) are kept for run_evaluator's check."""
     from ..kernel_reference import make_mask, ref_mask_reorder
 
@@ -52,12 +64,13 @@ def alloc_args(device, args_info, alloc_repeat: int) -> list:
     (n, k), dtype = ((shapes[-2][1], shapes[0][1]), dtypes[0])
     rng = np.random.default_rng(0)
     repeated = []
-    for _ in range(alloc_repeat):
+    counts = (tokens, ALSO_TIMED[tokens]) if kind != "gemm_k" and tokens in ALSO_TIMED else (tokens,)
+    for tokens in [m for m in counts for _ in range(alloc_repeat)]:
         mask = make_mask("random", tokens, groups, rng, 0.5)
         x = (rng.random((tokens, k), dtype=np.float32) - 0.5).astype(dtype)
         weights = [((rng.random((n, k), dtype=np.float32) - 0.5) / 8).astype(dtype) for _ in shapes[1:-6]]
-        host = [x, *(pack(w, layout) for w in weights), mask, *ref_mask_reorder(mask), np.zeros(shapes[-2], dtype),
-                np.zeros(shapes[-1], np.int8)]
+        host = [x, *(pack(w, layout) for w in weights), mask, *ref_mask_reorder(mask),
+                np.zeros((tokens, shapes[-2][1]), dtype), np.zeros(shapes[-1], np.int8)]
         args = [tvm.runtime.tensor(np.ascontiguousarray(a), device) for a in host]
         rows = np.unique(np.concatenate([[0, tokens - 1], rng.integers(0, tokens, CHECK_TOKENS - 2)]))
         _EXPECTED[id(args[-2])] = (rows, _expected(kind, x[rows], weights, mask[rows], n, groups))
@@ -96,17 +109,33 @@ def run_evaluator(rt_mod, device, evaluator_config, repeated_args) -> list[float
     """MetaSchedule runner evaluator. On a GPU each timed call follows an L2 flush (a read of 4x the L2, as
     wide-bench times them), so weights come from DRAM as in a model, not from an L2 that holds them after the
     previous call (Q/O's 32 MB fit the H200's L2 and ranked candidates differently unflushed); seconds per call,
-    repeat x number calls. On the CPU, MetaSchedule's own evaluator (caches flushed by the config). Then every
+    repeat x number calls, each with the candidate's mask reorder where a model runs one (_timed_call). On the CPU,
+    MetaSchedule's own evaluator (caches flushed by the config). Then every
     argument set's output is checked against NumPy (check_output)."""
     from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
 
     if device.dlpack_device_type() != 2:  # not kDLCUDA
         costs = run_evaluator_common(rt_mod, device, evaluator_config, repeated_args)
     else:
-        costs = _cuda_events(rt_mod[rt_mod.entry_name], evaluator_config, repeated_args)
+        costs = _cuda_events(_timed_call(rt_mod), evaluator_config, repeated_args)
     for args in repeated_args:
         check_output(args)
     return costs
+
+
+def _timed_call(rt_mod):
+    """What one timed call runs: the candidate's mask reorder (on the argument set's mask, counts, order and
+    used: args[-6:-2]) where its module has one, then the kernel."""
+    kernel = rt_mod["main"]
+    if not rt_mod.implements_function(REORDER):
+        return kernel
+    reorder = rt_mod[REORDER]
+
+    def call(*args):
+        reorder(*args[-6:-2])
+        kernel(*args)
+
+    return call
 
 
 def _cuda_events(fn, evaluator_config, repeated_args) -> list[float]:

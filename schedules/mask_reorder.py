@@ -28,6 +28,17 @@ def _popc(x):
     return T.call_pure_extern("int32", "__popc", x)
 
 
+def _ballot(flag):
+    """The warp's flags as a bit set (bit l: lane l's; CUDA __ballot_sync over the full warp)."""
+    return T.call_pure_extern("uint32", "__ballot_sync", T.uint32(0xFFFFFFFF), flag)
+
+
+def _lanes_below(bits, lane):
+    """Set bits of a warp's uint32 bit set below lane `lane` (int32)."""
+    return _popc(T.reinterpret("int32", T.bitwise_and(bits, T.shift_left(T.uint32(1), T.Cast("uint32", lane))
+                                                      - T.uint32(1))))
+
+
 @T.macro
 def block_scan(scan, reg, tx, steps):
     """Inclusive Hillis-Steele scan of the shared scan[0 .. threads) by the block's `threads` threads (tx), in
@@ -131,10 +142,6 @@ def mask_reorder(groups: int, target_kind: str, direct_tokens: int = 0) -> tirx.
         PW = PT // 32  # its warps
         PE = 16  # tokens per thread in one round: a round covers PT x PE tokens with one block scan
 
-        def _ballot(flag):
-            """The warp's flags as a bit set (bit l: lane l's)."""
-            return T.call_pure_extern("uint32", "__ballot_sync", T.uint32(0xFFFFFFFF), flag)
-
         def _tok(r, j, tx):
             """Token j of thread tx in round r: j-major, so a warp's lanes hold 32 consecutive tokens."""
             return r * PT * PE + j * PT + tx
@@ -187,9 +194,8 @@ def mask_reorder(groups: int, target_kind: str, direct_tokens: int = 0) -> tirx.
                             reg[1] = scan[PT - 1]
                         for j in T.unroll(PE):
                             # active tokens before this lane's: earlier rows and warps, then lower lanes
-                            reg[3] = reg[2] + scan[j * PW + tx // 32] - _popc(T.reinterpret("int32", bal[j])) + _popc(
-                                T.reinterpret("int32", T.bitwise_and(bal[j], T.shift_left(T.uint32(1), T.Cast(
-                                    "uint32", tx % 32)) - T.uint32(1))))
+                            reg[3] = reg[2] + scan[j * PW + tx // 32] - _popc(T.reinterpret("int32", bal[j])) + \
+                                _lanes_below(bal[j], tx % 32)
                             if _tok(r, j, tx) < T.Cast("int32", n):
                                 if T.bitwise_and(T.shift_right(bal[j], T.Cast("uint32", tx % 32)), T.uint32(1)) != \
                                         T.uint32(0):

@@ -22,8 +22,10 @@ cores do not drain between steps. Two ways to feed the ring (knob `producer`):
 
 Every output element is written by one thread, with no atomics: deterministic.
 
-* `wgmma_mn_body` (gate/up with SwiGLU, Q): token tiles sorted per group by the mask reorder; a tile past the
-  group's active count only writes its zeros (block-level skipping).
+* `wgmma_mn_body` (gate/up with SwiGLU, Q): token tiles sorted per group (active tokens first); a tile past the
+  group's active count only writes its zeros (block-level skipping). Up to SORT_TOKENS tokens a per-tile block
+  sorts its group's tokens itself from the mask (one ballot a warp), so no mask reorder launches in front of it;
+  past that, and on the persistent grid, the tiles follow the mask reorder's order.
 * `wgmma_k_body` (down, O): token tiles in natural order; the block lists the groups its tokens run and steps
   through their K slices only (block-level skipping); groups narrower than a step share one, side by side.
 """
@@ -36,8 +38,8 @@ from tvm.script import tirx as T
 
 from ..targets import hopper_device_code
 from .gemv import ROWS, _plus, _sum_k_splits, _used_groups, bit_words, token_runs
-from .mask_reorder import block_scan
-from .tile_gemm import TileKnobs, check_tile_knobs
+from .mask_reorder import _ballot, _lanes_below, _popc, block_scan
+from .tile_gemm import TILE_BUCKETS, TileKnobs, check_tile_knobs
 
 hopper_device_code()  # these kernels need sm_90a device code, whichever way an sm_90 target reaches the compiler
 
@@ -48,6 +50,27 @@ ALIGN = 1024  # bytes: a 128-byte-swizzled tile starts on an 8-row x 128-byte bo
 MBARRIER_BYTES = 8  # one mbarrier; a warp-specialised ring has two a stage (full, empty), past the stages
 # 2 warpgroups x N 256 (rows x 64), a 4-deep ring: 192 KB of shared memory, one block per SM
 WGMMA_TILES = TileKnobs(tokens=128, rows=4, stages=4, kernel="wgmma")
+# Up to this many tokens a per-tile gemm_mn block sorts its group's tokens itself (a ballot over the group's mask
+# column), so no mask reorder launches in front of it; past it each block would read n mask entries
+SORT_TOKENS = TILE_BUCKETS[-1]
+
+
+def sorts_tokens(knobs: TileKnobs) -> bool:
+    """Whether a gemm_mn body with these knobs sorts its group's tokens itself up to SORT_TOKENS tokens: the
+    per-tile wgmma grid (a persistent grid needs every group's count before it starts, from the reorder)."""
+    return knobs.kernel == "wgmma" and not knobs.persistent
+
+
+def reorder_free_bound(tile_knobs: tuple) -> int:
+    """Token counts up to which gemm_mn's many-token kernels (tile_knobs: one per TILE_BUCKETS bucket, then the
+    rest) read no mask reorder: the top of the last of the leading buckets within SORT_TOKENS whose kernel sorts
+    its tokens itself; 0 when the first bucket's kernel reads the reorder."""
+    bound = 0
+    for top, knobs in zip(TILE_BUCKETS, tile_knobs):
+        if top > SORT_TOKENS or not sorts_tokens(knobs):
+            break
+        bound = top
+    return bound
 
 
 def wgmma_n(group_size: int, swiglu: bool, knobs: TileKnobs) -> tuple[int, int]:
@@ -276,7 +299,9 @@ def ring_bytes(knobs: TileKnobs, nb: int) -> int:
 
 def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs: TileKnobs = WGMMA_TILES):
     """Macro (x, wg, wu, mask, counts, order, used, out, n): out [n, G * gs] of x [n, K] and W in the "tc" layout
-    [N / 16, 16 K] (gate and up with SwiGLU), walking each group's tokens in the reorder's order."""
+    [N / 16, 16 K] (gate and up with SwiGLU), walking each group's tokens in the reorder's order; on the per-tile
+    grid up to SORT_TOKENS tokens each block sorts its group's tokens itself and reads no reorder (the order is
+    the same: active tokens ascending, then inactive ones)."""
     G, gs, K = groups, group_size, k_dim
     check_wgmma_shape(gs, K, knobs, swiglu)
     BT, S = knobs.tokens, knobs.stages
@@ -288,6 +313,8 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     CB = NB * 8 // COPIERS
     ZU = BN // 8  # 16-byte output units per token row of the block
     KB, NST = knobs.ksplit, K // KSTEP  # blocks splitting K (blockIdx.y = column block x KB + split), K steps
+    WARPS = THREADS // 32
+    SR = (SORT_TOKENS + THREADS - 1) // THREADS  # mask loads per thread when a block sorts its tokens
 
     def nn(n):
         return T.Cast("int32", n)
@@ -307,6 +334,11 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     def chan0(gi, bg):
         """First output channel of this block."""
         return gi[0] * gs + colblock(bg) % BPG * BN
+
+    def slot_token(order, gi, bt, pos):
+        """The token at sorted position `pos` of group gi[0] (in token tile bt): from the reorder's order [G, n],
+        or from the block's own list [BT] of its tile's tokens (sort_tile)."""
+        return order[pos - bt * BT] if len(order.shape) == 1 else order[gi[0], pos]
 
     def w_row(c, ct, gi, bg):
         """Weight row (of gate, or of up for ring rows past BN) of copier ct's weight copy c."""
@@ -341,7 +373,7 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     def copy_rows(trow, tsz, order, gi, bt, ct):
         """Copier ct's activation rows of token tile bt: their tokens, and 16 bytes (0 past the count: zero-fill)."""
         for c in T.unroll(CA):
-            trow[c] = order[gi[0], T.min(bt * BT + (c * COPIERS + ct) // 8, gi[1] - 1)]
+            trow[c] = slot_token(order, gi, bt, T.min(bt * BT + (c * COPIERS + ct) // 8, gi[1] - 1))
             tsz[c] = T.Select(bt * BT + (c * COPIERS + ct) // 8 < gi[1], T.uint32(16), T.uint32(0))
 
     @T.macro
@@ -350,7 +382,8 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
         for j in T.unroll(BN // 8):
             for e in T.unroll(4):
                 if bt * BT + _acc_row(tid, e) < gi[1]:
-                    out[order[gi[0], bt * BT + _acc_row(tid, e)], chan0(gi, bg) + _acc_col(j, tid, e)] = T.Cast(
+                    out[slot_token(order, gi, bt, bt * BT + _acc_row(tid, e)),
+                        chan0(gi, bg) + _acc_col(j, tid, e)] = T.Cast(
                         "float16", (acc[4 * j + e] * T.sigmoid(acc[4 * j + e]) * acc[4 * (j + BN // 8) + e])
                         if swiglu else acc[4 * j + e])
 
@@ -360,55 +393,111 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
         for j in T.unroll(NB // 8):
             for e in T.unroll(4):
                 if bt * BT + _acc_row(tid, e) < gi[1]:
-                    ws[((by % KB * nn(n) + order[gi[0], bt * BT + _acc_row(tid, e)]) * (NB // BN) + j // (BN // 8))
+                    ws[((by % KB * nn(n) + slot_token(order, gi, bt, bt * BT + _acc_row(tid, e))) * (NB // BN)
+                        + j // (BN // 8))
                        * (G * gs) + chan0(gi, by) + _acc_col(j % (BN // 8), tid, e)] = acc[4 * j + e]
 
     if knobs.persistent:
         return _persistent_mn_body(G, gs, K, knobs, NB, BN, specialised_stages(knobs, NB, issue), copy_rows, store)
 
     @T.macro
-    def main_pass(x, wg, wu, mask, counts, order, used, out, ws, n):
-        """The GEMM; with KB > 1 each split block writes its fp32 partials to ws instead of out, and no zeros."""
-        for bt in T.thread_binding((nn(n) + BT - 1) // BT, thread="blockIdx.x"):  # a group's tiles run together
-            for bg in T.thread_binding(G * BPG * KB, thread="blockIdx.y"):
-                xs = T.decl_buffer((ring_bytes(knobs, NB) // 2,), "float16", scope="shared.dyn")
-                for tid in T.thread_binding(THREADS, thread="threadIdx.x"):
-                    gi = T.decl_buffer((2,), "int32", scope="local")  # group, its active tokens
-                    gi[0] = colblock(bg) // BPG
-                    gi[1] = T.min(counts[gi[0]], nn(n))
-                    if bt * BT < gi[1]:
-                        acc = T.decl_buffer((NB // 2,), "float32", scope="local")
-                        base = T.decl_buffer((1,), "int32", scope="local")
-                        desc = T.decl_buffer((2,), "uint64", scope="local")
-                        trow = T.decl_buffer((CA,), "int32", scope="local")  # token of each activation copy row
-                        tsz = T.decl_buffer((CA,), "uint32", scope="local")  # its bytes: 16, or 0 past the count
-                        if tid >= ring.copier0:
-                            copy_rows(trow, tsz, order, gi, bt, tid - ring.copier0)
-                        run(xs, base, desc, acc, split_steps(bg), tid, x, wg, wu, trow, tsz, gi, bg,
-                            tid - ring.copier0)
-                        if tid < ring.consumers:  # the warpgroups (always, without producer warps)
-                            if KB > 1:
-                                store_split(ws, acc, order, gi, bt, bg, tid, n)
-                            else:
-                                store(out, acc, order, gi, bt, bg, tid)
-                    if KB == 1:
-                        # this tile's slots that skip the group (all of them past the count): zeros, 16 bytes a
-                        # store (split K: the sum of the partials writes them)
-                        for i in range((T.max(T.min(nn(n), bt * BT + BT) - T.max(gi[1], bt * BT), 0) * ZU
-                                        + THREADS - 1) // THREADS):
-                            if i * THREADS + tid < (T.min(nn(n), bt * BT + BT) - T.max(gi[1], bt * BT)) * ZU:
-                                for v in T.vectorized(8):
-                                    out[order[gi[0], T.max(gi[1], bt * BT) + (i * THREADS + tid) // ZU],
-                                        chan0(gi, bg) + (i * THREADS + tid) % ZU * 8 + v] = T.float16(0)
+    def sort_tile(mask, gi, sl, wcnt, bt, tid, n):
+        """gi[1] = the active tokens of group gi[0] and sl[i] = the token at its sorted position bt BT + i (active
+        tokens ascending, then inactive ones: the reorder's order), for n <= SORT_TOKENS: each warp ballots 32
+        consecutive tokens a round, and the warps' counts in shared memory (wcnt) place every token. Every thread
+        calls it (block barriers)."""
+        bal = T.decl_buffer((SR,), "uint32", scope="local")
+        srt = T.decl_buffer((3,), "int32", scope="local")  # active tokens: all, before the warp's 32, before mine
+        for r in T.unroll(SR):  # clamped loads in statements of their own: all in flight at once
+            bal[r] = T.Cast("uint32", mask[T.min(r * THREADS + tid, nn(n) - 1), gi[0]])
+        for r in T.unroll(SR):
+            bal[r] = _ballot(r * THREADS + tid < nn(n) and bal[r] != T.uint32(0))
+        if tid % 32 == 0:
+            for r in T.unroll(SR):
+                wcnt[r * WARPS + tid // 32] = _popc(T.reinterpret("int32", bal[r]))
+        T.tvm_storage_sync("shared")
+        srt[0] = 0
+        for i in T.unroll(SR * WARPS):
+            srt[0] = srt[0] + wcnt[i]
+        for r in T.unroll(SR):
+            srt[1] = 0
+            for i in T.unroll(SR * WARPS):  # the warps (of all rounds) before this one hold the earlier tokens
+                if i < r * WARPS + tid // 32:
+                    srt[1] = srt[1] + wcnt[i]
+            srt[2] = srt[1] + _lanes_below(bal[r], tid % 32)
+            if T.bitwise_and(T.shift_right(bal[r], T.Cast("uint32", tid % 32)), T.uint32(1)) == T.uint32(0):
+                srt[2] = srt[0] + r * THREADS + tid - srt[2]  # inactive: after all active, then the inactive before
+            if r * THREADS + tid < nn(n) and bt * BT <= srt[2] and srt[2] < bt * BT + BT:
+                sl[srt[2] - bt * BT] = r * THREADS + tid
+        gi[1] = srt[0]
+        T.tvm_storage_sync("shared")
+
+    def pass_of(sorts: bool):
+        """The GEMM pass that sorts its tiles' tokens itself (n <= SORT_TOKENS), or reads the reorder's order."""
+
+        def tokens(order, sl):
+            """Where the pass finds its tiles' tokens (slot_token)."""
+            return sl if sorts else order
+
+        @T.macro
+        def main_pass(x, wg, wu, mask, counts, order, used, out, ws, n):
+            """The GEMM; with KB > 1 each split block writes its fp32 partials to ws instead of out, and no zeros."""
+            for bt in T.thread_binding((nn(n) + BT - 1) // BT, thread="blockIdx.x"):  # a group's tiles run together
+                for bg in T.thread_binding(G * BPG * KB, thread="blockIdx.y"):
+                    xs = T.decl_buffer((ring_bytes(knobs, NB) // 2,), "float16", scope="shared.dyn")
+                    sl = T.decl_buffer((BT,), "int32", scope="shared")  # sorting: the tile's tokens
+                    wcnt = T.decl_buffer((SR * WARPS,), "int32", scope="shared")  # sorting: active tokens a warp
+                    for tid in T.thread_binding(THREADS, thread="threadIdx.x"):
+                        gi = T.decl_buffer((2,), "int32", scope="local")  # group, its active tokens
+                        gi[0] = colblock(bg) // BPG
+                        if sorts:
+                            sort_tile(mask, gi, sl, wcnt, bt, tid, n)
+                        else:
+                            gi[1] = T.min(counts[gi[0]], nn(n))
+                        if bt * BT < gi[1]:
+                            acc = T.decl_buffer((NB // 2,), "float32", scope="local")
+                            base = T.decl_buffer((1,), "int32", scope="local")
+                            desc = T.decl_buffer((2,), "uint64", scope="local")
+                            trow = T.decl_buffer((CA,), "int32", scope="local")  # token of each activation copy row
+                            tsz = T.decl_buffer((CA,), "uint32", scope="local")  # its bytes: 16, or 0 past the count
+                            if tid >= ring.copier0:
+                                copy_rows(trow, tsz, tokens(order, sl), gi, bt, tid - ring.copier0)
+                            run(xs, base, desc, acc, split_steps(bg), tid, x, wg, wu, trow, tsz, gi, bg,
+                                tid - ring.copier0)
+                            if tid < ring.consumers:  # the warpgroups (always, without producer warps)
+                                if KB > 1:
+                                    store_split(ws, acc, tokens(order, sl), gi, bt, bg, tid, n)
+                                else:
+                                    store(out, acc, tokens(order, sl), gi, bt, bg, tid)
+                        if KB == 1:
+                            # this tile's slots that skip the group (all of them past the count): zeros, 16 bytes a
+                            # store (split K: the sum of the partials writes them)
+                            for i in range((T.max(T.min(nn(n), bt * BT + BT) - T.max(gi[1], bt * BT), 0) * ZU
+                                            + THREADS - 1) // THREADS):
+                                if i * THREADS + tid < (T.min(nn(n), bt * BT + BT) - T.max(gi[1], bt * BT)) * ZU:
+                                    for v in T.vectorized(8):
+                                        out[slot_token(tokens(order, sl), gi, bt,
+                                                       T.max(gi[1], bt * BT) + (i * THREADS + tid) // ZU),
+                                            chan0(gi, bg) + (i * THREADS + tid) % ZU * 8 + v] = T.float16(0)
+
+        return main_pass
+
+    sorted_pass, reading_pass = pass_of(True), pass_of(False)
 
     @T.macro
     def body(x, wg, wu, mask, counts, order, used, out, n):
-        main_pass(x, wg, wu, mask, counts, order, used, out, out, n)
+        if n <= SORT_TOKENS:  # decided on the host: one launch either way
+            sorted_pass(x, wg, wu, mask, counts, order, used, out, out, n)
+        else:
+            reading_pass(x, wg, wu, mask, counts, order, used, out, out, n)
 
     @T.macro
     def body_split(x, wg, wu, mask, counts, order, used, out, n):
         ws = T.alloc_buffer((KB * nn(n) * (NB // BN) * G * gs,), "float32", scope="global")  # [KB, n, gate / up, N]
-        main_pass(x, wg, wu, mask, counts, order, used, out, ws, n)
+        if n <= SORT_TOKENS:
+            sorted_pass(x, wg, wu, mask, counts, order, used, out, ws, n)
+        else:
+            reading_pass(x, wg, wu, mask, counts, order, used, out, ws, n)
         _sum_mn_splits(ws, out, mask, n, KB, G, gs, swiglu)
 
     return body_split if KB > 1 else body

@@ -158,7 +158,8 @@ def test_bench_build_for_cuda(tmp_path):
 def test_bench_workloads_carry_their_kernels_direct_bound():
     """A tuned wgmma pick for gemm_k moves its benchmark kernel's direct bound to 32 tokens; a workload that
     disagrees with its kernel is refused. The mask reorder the benchmark pairs gemm_k with never runs (gemm_k reads
-    the mask itself, as LowerGatedLayers compiles it); gemm_mn's runs past its direct kernels."""
+    the mask itself, as LowerGatedLayers compiles it); gemm_mn's runs past its direct kernels and past the kernels
+    that sort their tokens themselves."""
     from wide_tvm import kernel_knobs
     from wide_tvm.bench.build import our_kernels, with_bounds
     from wide_tvm.bench.workloads import UNREAD, Workload
@@ -173,8 +174,16 @@ def test_bench_workloads_carry_their_kernels_direct_bound():
     funcs = our_kernels([bounded, Workload("mn", "gemm_mn", 4, 64, 256)], "cuda", None, tuned, True)
     assert "bench_reorder_g4_unread" in funcs and "bench_reorder_g4_d32" in funcs
     assert f"n <= T.int64({UNREAD})" in funcs["bench_reorder_g4_unread"].script()
-    with pytest.raises(ValueError, match="direct bound is 32 tokens, the workload says 64"):
+    with pytest.raises(ValueError, match="bounds are 32 / 0 tokens, the workload says 64 / 0"):
         our_kernels([k], "cuda", None, tuned, True)
+    # a gemm_mn whose leading buckets run per-tile wgmma blocks sorts its tokens itself up to 512: no reorder there
+    mn = Workload("mn", "gemm_mn", 4, 64, 256)
+    tuned[kernel_knobs.kernel_key("gemm_mn", 4, 64, 256, "float16")] = {"tiles": [["wgmma", 128, 2, 4]] * 3}
+    (sorted_mn,) = with_bounds([mn], "cuda", tuned, True)
+    assert (sorted_mn.direct_tokens, sorted_mn.sorts, sorted_mn.reorder) == (32, 512, "bench_reorder_g4_d512")
+    assert with_bounds([mn], "cuda", tuned, False)[0].sorts == 0  # no wgmma: the mma.sync tiles read the reorder
+    with pytest.raises(ValueError, match="bounds are 32 / 512 tokens, the workload says 32 / 0"):
+        our_kernels([mn], "cuda", None, tuned, True)
 
 
 def test_mask_reorder_has_serial_and_parallel_paths():

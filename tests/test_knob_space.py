@@ -135,6 +135,8 @@ def test_cuda_candidates_build_from_the_template():
         assert [m.kind for m in lib.imports] == ["cuda"]
         src = lib.imports[0].inspect_source()
         assert ("wgmma.mma_async" if space == "tile" else "mma.sync") in src
+        # a gemm_mn tile candidate is timed with the mask reorder a model runs in front of it (knob_runner)
+        assert lib.implements_function(kr.REORDER) == (space == "tile")
 
 
 def _record(db, task: ks.KnobTask, decisions: dict, us: float) -> None:
@@ -431,3 +433,37 @@ def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path):
     (_, _, kernel2, given), = restamp.collect(restamp.kernel_hashes(bare_folder, old, choices=str(tmp_path / "lists.json")),
                                               "today's code").values()
     assert given is None and kernel2 != kernel  # bn index 0 now names the last bn
+
+
+def test_runner_times_a_candidate_with_its_mask_reorder():
+    """A timed call runs the candidate module's mask reorder (on the argument set's mask, counts, order, used)
+    before the kernel where the module has one, else the kernel alone."""
+    calls = []
+
+    class Module:  # the two methods _timed_call uses of a tvm.runtime.Module
+        def __init__(self, names):
+            self.names = names
+
+        def implements_function(self, name):
+            return name in self.names
+
+        def __getitem__(self, name):
+            return lambda *a: calls.append((name, a))
+
+    args = list(range(9))  # x, w_gate, w_up, mask, counts, order, used, out, task tag
+    kr._timed_call(Module({"main", kr.REORDER}))(*args)
+    assert calls == [(kr.REORDER, (3, 4, 5, 6)), ("main", tuple(args))]
+    calls.clear()
+    kr._timed_call(Module({"main"}))(*args)
+    assert calls == [("main", tuple(args))]
+
+
+def test_gemm_mn_tile_buckets_are_timed_below_their_top_too():
+    """A gemm_mn candidate of the <= 128 / <= 512-token buckets is timed at 64 / 256 tokens as well (argument sets
+    at both counts; its time is the mean), since its pick serves the whole bucket; gemm_k and the top bucket at one."""
+    for kind, bucket, counts in (("gemm_mn_swiglu", 0, [128, 64]), ("gemm_mn", 1, [512, 256]),
+                                 ("gemm_mn", 2, [4096]), ("gemm_k", 0, [128])):
+        task = ks.KnobTask(kind, 4, 64, 128, "float16", "tc", "tile", bucket, wgmma=True)
+        sets = kr.alloc_args(tvm.cpu(), _args_info(ks.template(task)), 1)
+        assert [s[0].shape[0] for s in sets] == counts  # x [tokens, K]
+        assert all(s[-2].shape[0] == m and s[-4].shape == (4, m) for s, m in zip(sets, counts))  # out, order

@@ -97,6 +97,49 @@ def test_tuned_wgmma_picks_follow_the_target():
     assert DEFAULT_TILES[2].kernel == "smem"  # without a log no target needs sm_90a
 
 
+def test_per_tile_wgmma_gemm_mn_sorts_its_tokens_up_to_512():
+    """Up to SORT_TOKENS tokens a per-tile wgmma gemm_mn block ballots its group's mask column and places its
+    tile's tokens itself, so no mask reorder launches in front of it: the reorder's bound in a compiled FFN, in
+    MetaSchedule's timed call and in the benchmark follows the tuned picks of the leading token buckets (a
+    persistent grid needs every group's count from the reorder; the gemv / mma.sync tiles read it too)."""
+    import tvm_ffi
+
+    from wide_tvm.bench.workloads import Workload
+    from wide_tvm.passes.lower_gated import _reorder_bound, _State
+    from wide_tvm.schedules import knob_space as ks
+    from wide_tvm.schedules import mask_reorder
+    from wide_tvm.schedules.wgmma_gemm import SORT_TOKENS, reorder_free_bound, sorts_tokens
+
+    per_tile, persistent = tile_knob(("wgmma", 128, 2, 6)), tile_knob(("wgmma", 128, 4, 4, 1, 4, 132))
+    assert SORT_TOKENS == 512 and sorts_tokens(per_tile) and not sorts_tokens(persistent)
+    assert not sorts_tokens(TileKnobs()) and not sorts_tokens(GEMV_TILES)
+    assert reorder_free_bound((per_tile, per_tile, per_tile)) == 512
+    assert reorder_free_bound((per_tile, persistent, per_tile)) == 128  # 129-512 tokens: the persistent grid
+    assert reorder_free_bound((persistent, per_tile, per_tile)) == 0
+    assert reorder_free_bound(DEFAULT_TILES) == 0
+
+    cuda = _State("cuda", {}, None, {}, wgmma=True)
+    assert _reorder_bound(cuda, "tc", {"tile_knobs": (per_tile, per_tile, per_tile)}) == 512
+    assert _reorder_bound(cuda, "tc", {"tile_knobs": (per_tile, persistent, per_tile)}) == 128
+    assert _reorder_bound(cuda, "tc", {}) == _reorder_bound(cuda, "tc") == 32  # untuned: the direct kernels'
+
+    # the sorting pass: a ballot over the mask, no counts / order; the persistent grid has none
+    assert "__ballot_sync" in gemm_mn(4, 64, 256, "float16", "tc", True, "cuda", tile_knobs=(per_tile,) * 3).script()
+    assert "__ballot_sync" not in gemm_mn(4, 64, 256, "float16", "tc", True, "cuda",
+                                          tile_knobs=(persistent,) * 3).script()
+
+    # MetaSchedule times a gemm_mn tile candidate with the reorder a model runs in front of it
+    task = ks.KnobTask("gemm_mn_swiglu", 4, 64, 256, "float16", "tc", "tile", 1, wgmma=True)
+    for variant, bound in ((("wgmma", 128, 2, 6), 512), (("wgmma", 128, 4, 4, 1, 4, 132), 32)):
+        assert tvm_ffi.structural_hash(ks.task_reorder(task, {"variant": variant})) == \
+            tvm_ffi.structural_hash(mask_reorder(4, "cuda", bound))
+    assert ks.task_reorder(ks.KnobTask("gemm_k", 4, 64, 256, "float16", "tc", "tile", 1, wgmma=True),
+                           {"variant": ("wgmma", 128, 2, 6)}) is None
+    # ... and the benchmark its gemm_mn rows
+    assert Workload("q", "gemm_mn", 4, 64, 256, sorts=512).reorder == "bench_reorder_g4_d512"
+    assert Workload("q", "gemm_mn", 4, 64, 256, sorts=0).reorder == "bench_reorder_g4_d32"
+
+
 def test_gemm_k_hands_33_to_64_tokens_to_its_wgmma_gemm():
     """Where gemm_k's many-token kernel is the wgmma GEMM, its direct kernels stop at 32 tokens (the wgmma GEMM
     is faster at 33-64 on the H200). gemm_k reads the mask itself at every count, so the mask reorder in front of it
@@ -113,7 +156,8 @@ def test_gemm_k_hands_33_to_64_tokens_to_its_wgmma_gemm():
     wg = (tile_knob(("wgmma", 128, 1, 4)),) * 3
     assert bounds(gemm_k(4, 64, 256, "float16", "tc", "cuda")) == [1, 8, 16, 32, 64, 128]
     assert bounds(gemm_k(4, 64, 256, "float16", "tc", "cuda", tile_knobs=wg)) == [1, 8, 16, 32]
-    assert bounds(gemm_mn(4, 64, 256, "float16", "tc", True, "cuda", tile_knobs=wg)) == [1, 8, 16, 32]
+    # (and up to 512 tokens gemm_mn's per-tile wgmma blocks sort their tokens themselves)
+    assert bounds(gemm_mn(4, 64, 256, "float16", "tc", True, "cuda", tile_knobs=wg)) == [1, 8, 16, 32, 512]
     assert (direct_bound("gemm_k", wg), direct_bound("gemm_k", DEFAULT_TILES)) == (32, 64)
     assert direct_bound("gemm_mn", wg) == direct_bound("gemm_mn_swiglu", DEFAULT_TILES) == 32
 
@@ -128,29 +172,46 @@ def test_gemm_k_hands_33_to_64_tokens_to_its_wgmma_gemm():
     assert re.search(r"(?<![\w.])used\[", gemm_k(4, 64, 256, "float32", "nk", "llvm").script())
 
 
+def _compile_cases(cases: list, export: str | None) -> str:
+    """CUDA source of the wgmma cases [(name, "mn" or "k", shape, knob entry)] compiled in one module for a plain
+    sm_90 target (not through parse_target); exported to `export` if given."""
+    funcs = {}
+    for name, kind, shape, v in cases:
+        kn = (tile_knob(v),) * 3
+        funcs[name] = (gemm_mn(*shape[:3], "float16", "tc", shape[3], "cuda", tile_knobs=kn) if kind == "mn"
+                       else gemm_k(*shape, "float16", "tc", "cuda", tile_knobs=kn))
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    with target:
+        lib = tvm.compile(tvm.IRModule({k: f.with_attr("global_symbol", k) for k, f in funcs.items()}), target)
+    if export:
+        lib.export_library(export)
+    return lib.mod.imports[0].inspect_source()
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_wgmma_kernels_build_for_every_knob(tmp_path):
     """gate/up (groups of 32 and 64), Q-like (several blocks per group) and gemm_k (also split over blocks, and with
     groups of 32) at every swept wgmma knob set compile to sm_90a device code (importing the kernels registers the sm_90 -> sm_90a
     device compile, so a plain sm_90 target works too): asynchronous wgmmas with descriptors, a zero-filling
     cp.async ring in dynamic shared memory."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
     from wide_tvm.bench.workloads import WGMMA_VARIANTS
 
-    funcs = {}
+    cases = []
     for i, v in enumerate(WGMMA_VARIANTS):
-        kn = (tile_knob(v),) * 3
         # every set builds gemm_mn, those splitting K too (Q: one K step over 4 or 8 blocks, most of them empty)
-        funcs[f"mn{i}"] = gemm_mn(4, 64, 128, "float16", "tc", True, "cuda", tile_knobs=kn)
-        funcs[f"q{i}"] = gemm_mn(2, 512, 64, "float16", "tc", False, "cuda", tile_knobs=kn)
+        cases += [(f"mn{i}", "mn", (4, 64, 128, True), v), (f"q{i}", "mn", (2, 512, 64, False), v)]
         if len(v) < 7:  # only gemm_mn runs on a persistent grid
-            funcs[f"k{i}"] = gemm_k(3, 64, 256, "float16", "tc", "cuda", tile_knobs=kn)
-    funcs["mn32"] = gemm_mn(6, 32, 64, "float16", "tc", True, "cuda", tile_knobs=(WGMMA_TILES,) * 3)
+            cases.append((f"k{i}", "k", (3, 64, 256), v))
+    cases.append(("mn32", "mn", (6, 32, 64, True), ("wgmma", 128, 4, 4)))
     for name, v in (("k32", ("wgmma", 128, 2, 6, 4)), ("k32p", ("wgmma", 64, 1, 4, 1, 1))):  # two groups a K step
-        funcs[name] = gemm_k(5, 32, 256, "float16", "tc", "cuda", tile_knobs=(tile_knob(v),) * 3)
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})  # a plain sm_90 target, not through parse_target
-    with target:
-        lib = tvm.compile(tvm.IRModule({k: f.with_attr("global_symbol", k) for k, f in funcs.items()}), target)
-    src = lib.mod.imports[0].inspect_source()
+        cases.append((name, "k", (5, 32, 256), v))
+    # two halves, each compiled (nvcc included) in a process of its own: both cores
+    with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
+        halves = list(pool.map(_compile_cases, (cases[::2], cases[1::2]), (str(tmp_path / "a.so"), None)))
+    src = "".join(halves)
     for n in (64, 128, 256):
         assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16" in src
     assert "wgmma.wait_group.sync.aligned 1;" in src and "fence.proxy.async.shared::cta;" in src
@@ -158,5 +219,10 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
     # warp-specialised variants: producer copies complete on mbarriers the warpgroups wait for
     assert "cp.async.mbarrier.arrive.noinc.shared::cta.b64" in src and "mbarrier.try_wait.parity" in src
     assert "__launch_bounds__(384)" in src  # 2 warpgroups + 4 producer warps
-    lib.export_library(str(tmp_path / "wg.so"))
-    assert b"sm_90a" in open(tmp_path / "wg.so", "rb").read()  # built for Hopper's arch-specific features
+    kernels = src.split('extern "C" __global__')[1:]
+    wgmma_mn = [k for k in kernels if "wgmma" in k and "wg_ptr" in k.split("{")[0]]  # gemm_mn's (wgmma helpers)
+    # per-tile gemm_mn up to 512 tokens: its blocks sort their tokens (a ballot) and read no reorder; past that, and
+    # on the persistent grid, they read its order
+    assert any("__ballot_sync" in k and "order_ptr" not in k.split("{")[0] for k in wgmma_mn)
+    assert any("__ballot_sync" not in k and "order_ptr" in k.split("{")[0] for k in wgmma_mn)
+    assert b"sm_90a" in open(tmp_path / "a.so", "rb").read()  # built for Hopper's arch-specific features

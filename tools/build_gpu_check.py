@@ -27,8 +27,9 @@ from wide_tvm.frontends.hf_checkpoint import load_wide_checkpoint  # noqa: E402
 from wide_tvm.model import WideConfig, build_example, example_inputs  # noqa: E402
 from wide_tvm.tiny_checkpoint import LORA_ALPHA, write_tiny_checkpoint  # noqa: E402
 from wide_tvm.schedules import gemm_k, gemm_mn, mask_reorder  # noqa: E402
-from wide_tvm.schedules.gemv import DECODE_BUCKETS, GemvKnobs  # noqa: E402
+from wide_tvm.schedules.gemv import DECODE_BUCKETS, DIRECT_TOKENS, GemvKnobs  # noqa: E402
 from wide_tvm.schedules.tile_gemm import DEFAULT_TILES, tile_knob  # noqa: E402
+from wide_tvm.schedules.wgmma_gemm import reorder_free_bound  # noqa: E402
 from wide_tvm.targets import parse_target  # noqa: E402
 
 KERNELS = [
@@ -154,6 +155,15 @@ def kernel_func(kind, g, gs, dim, dtype, layout, knobs=None, tile=None):
     return gemm_mn(g, gs, dim, dtype, layout, kind == "gemm_mn_swiglu", "cuda", **extra)
 
 
+def reorder_free(spec) -> int:
+    """Token counts up to which a gemm_mn case reads no mask reorder (gpu_check hands it a wrong one there): its
+    direct kernels' and the many-token kernels that sort their tokens themselves (wgmma_gemm.reorder_free_bound)."""
+    if not spec[0].startswith("gemm_mn") or spec[5] != "tc":
+        return 0
+    tiles = (tile_knob(spec[7]),) * len(DEFAULT_TILES) if len(spec) > 7 else DEFAULT_TILES
+    return max(DIRECT_TOKENS["gemm_mn"], reorder_free_bound(tiles))
+
+
 def build_wgmma_example(out_dir: str, cfg: WideConfig, fp16_path: str) -> None:
     """OUT_DIR/example_fp16_wgmma.so: the fp16 example with a tuning log that gives its gate/up kernel the wgmma
     tile GEMM in every many-token bucket (past 32 tokens), so a whole model runs it."""
@@ -214,7 +224,7 @@ def build_kernels(out_dir: str, only: str | None) -> None:
             continue
         funcs[name] = kernel_func(*spec).with_attr("global_symbol", name)
         specs.append({"name": name, "kind": spec[0], "groups": spec[1], "group_size": spec[2], "dim": spec[3],
-                      "dtype": spec[4], "layout": spec[5], "knobs": knobs})
+                      "dtype": spec[4], "layout": spec[5], "knobs": knobs, "reorder_free": reorder_free(spec)})
     with target:
         tvm.compile(tvm.IRModule(funcs), target).export_library(os.path.join(out_dir, "kernels.so"))
     with open(os.path.join(out_dir, "kernels.json"), "w") as f:

@@ -26,6 +26,7 @@ from ..schedules import gated_kernel, mask_reorder  # noqa: E402
 from ..targets import has_wgmma, parse_target, target_folder  # noqa: E402
 from ..schedules.gemv import DECODE_BUCKETS, GemvKnobs, decode_knobs, direct_bound, supports  # noqa: E402
 from ..schedules.tile_gemm import DEFAULT_TILES, tile_knob, tile_knobs  # noqa: E402
+from ..schedules.wgmma_gemm import reorder_free_bound  # noqa: E402
 from .workloads import LLAMA_8B, SWEEPS, Workload, swept_variants, variants  # noqa: E402
 
 
@@ -60,10 +61,20 @@ def built_bound(w: Workload, target_kind: str, tuned: dict | None, wgmma: bool) 
     return direct_bound(w.kind, tile_knobs(entry.get("tiles"), wgmma))
 
 
+def built_sorts(w: Workload, target_kind: str, tuned: dict | None, wgmma: bool) -> int:
+    """The reorder-free bound of w's benchmark gemm_mn (wgmma_gemm.reorder_free_bound of its tuned tile knobs): up
+    to it no kernel reads the reorder; 0 for gemm_k and off tensor cores."""
+    if w.kind == "gemm_k" or target_kind != "cuda" or weight_layout_for(w, target_kind) != "tc":
+        return 0
+    entry = (tuned or {}).get(kernel_key(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype), {})
+    return reorder_free_bound(tile_knobs(entry.get("tiles"), wgmma))
+
+
 def with_bounds(workloads: list[Workload], target_kind: str, tuned: dict | None, wgmma: bool) -> list[Workload]:
-    """The workloads with their built kernels' direct bounds, which the GPU host reads from bench.json (it picks
-    each row's kernel bucket by it, and gemm_mn's mask reorder; gemm_k's reorder never runs)."""
-    return [replace(w, direct=built_bound(w, target_kind, tuned, wgmma)) for w in workloads]
+    """The workloads with their built kernels' direct and reorder-free bounds, which the GPU host reads from
+    bench.json (it picks each row's kernel bucket by them, and gemm_mn's mask reorder; gemm_k's never runs)."""
+    return [replace(w, direct=built_bound(w, target_kind, tuned, wgmma),
+                    sorts=built_sorts(w, target_kind, tuned, wgmma)) for w in workloads]
 
 
 def our_kernels(workloads: list[Workload], target_kind: str, sweep: str | None = None, tuned: dict | None = None,
@@ -74,12 +85,14 @@ def our_kernels(workloads: list[Workload], target_kind: str, sweep: str | None =
     for w in workloads:
         funcs[w.kernel] = _kernel(w, target_kind, tuned=tuned, wgmma=wgmma).with_attr("global_symbol", w.kernel)
         direct = built_bound(w, target_kind, tuned, wgmma)
-        if direct and direct != w.direct_tokens:
-            raise ValueError(f"{w.name}: its kernel's direct bound is {direct} tokens, the workload says "
-                             f"{w.direct_tokens} (with_bounds sets it)")
+        if direct and direct != w.direct_tokens or built_sorts(w, target_kind, tuned, wgmma) != w.sorts:
+            raise ValueError(f"{w.name}: its kernel's direct / reorder-free bounds are {direct} / "
+                             f"{built_sorts(w, target_kind, tuned, wgmma)} tokens, the workload says "
+                             f"{w.direct_tokens} / {w.sorts} (with_bounds sets them)")
         funcs[w.reorder] = mask_reorder(w.groups, target_kind, w.reorder_bound if direct else 0).with_attr(
             "global_symbol", w.reorder)
         if sweep and target_kind == "cuda":
+            funcs[w.reorder_always] = mask_reorder(w.groups, target_kind).with_attr("global_symbol", w.reorder_always)
             for v in variants(w) if sweep == "all" else ():
                 knobs = GemvKnobs(*v)
                 name = f"{w.kernel}_{knobs.name()}"

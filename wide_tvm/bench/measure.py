@@ -308,7 +308,7 @@ def sweep(build_dir: str, tokens=SWEEP_TOKENS + PREFILL_SWEEP_TOKENS, sparsity: 
                 continue
             mask = torch.from_numpy(make_mask("random", m, w.groups, rng, sparsity)).cuda()
             r_args = _reorder_args(w, mask, tv)
-            ours[w.reorder](*r_args)
+            ours[w.reorder_always](*r_args)
             xt_torch = torch.randn(m, w.k, device="cuda").half()
             out_torch = torch.empty(m, w.n, dtype=torch.float16, device="cuda")
             xt, out = tv(xt_torch), tv(out_torch)

@@ -31,6 +31,9 @@ class Workload:
     # the built kernel's direct-kernel bound (schedules.gemv.direct_bound, set by `wide-bench build` from the tuned
     # tile knobs: gemm_k stops at 32 tokens where its many-token kernel is the wgmma GEMM); 0: DIRECT_TOKENS[kind]
     direct: int = 0
+    # the built gemm_mn's reorder-free bound (schedules.wgmma_gemm.reorder_free_bound of its tuned tile knobs, set
+    # by `wide-bench build`): up to it its many-token kernels sort their tokens themselves; 0: none does
+    sorts: int = 0
 
     @property
     def k(self) -> int:
@@ -62,14 +65,21 @@ class Workload:
     @property
     def reorder_bound(self) -> int:
         """Token counts up to which the mask reorder in front of this kernel launches nothing, as LowerGatedLayers
-        compiles it: gemm_mn reads it past its direct kernels, gemm_k never (its blocks read the mask)."""
-        return UNREAD if self.kind == "gemm_k" else self.direct_tokens
+        compiles it: gemm_mn reads it past its direct kernels and the many-token kernels that sort their tokens
+        themselves, gemm_k never (its blocks read the mask)."""
+        return UNREAD if self.kind == "gemm_k" else max(self.direct_tokens, self.sorts)
 
     @property
     def reorder(self) -> str:
         """The mask reorder this kernel is measured with (it launches nothing up to `reorder_bound`)."""
         return f"bench_reorder_g{self.groups}_" + ("unread" if self.reorder_bound == UNREAD
                                                    else f"d{self.reorder_bound}")
+
+    @property
+    def reorder_always(self) -> str:
+        """A mask reorder that runs at every token count (the knob sweep's candidates: some read it where the
+        built kernel does not)."""
+        return f"bench_reorder_g{self.groups}_always"
 
     @property
     def dense(self) -> str:

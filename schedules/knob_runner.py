@@ -19,9 +19,9 @@ from .knob_space import instantiate, knob_values, tag_task, task_of, task_reorde
 CHECK_TOKENS = 8  # output rows (tokens) the runner checks against NumPy after timing a candidate
 CHECK_TOLERANCE = 2e-2  # max |out - ref| / max |ref| a candidate may reach (fp16 kernels: ~3e-4)
 REORDER = "reorder"  # a candidate module's mask reorder, when a model runs one in front of the kernel
-# gemm_mn's many-token buckets (<= 128, <= 512 tokens) are also timed at these counts, a candidate's time being the
-# mean over both: a bucket's pick serves every count in it, and gate/up g32's pick timed at 128 tokens alone ran
-# 88 us at 33-65 tokens where the runner-up ran 72-74 (docs/performance.md)
+# The many-token buckets (<= 128, <= 512 tokens) are also timed at these counts, a candidate's time being the mean
+# over both: a bucket's pick serves every count in it, and gate/up g32's pick timed at 128 tokens alone ran 88 us
+# at 33-65 tokens where the runner-up ran 72-74 (docs/performance.md)
 ALSO_TIMED = {128: 64, 512: 256}
 
 
@@ -49,8 +49,8 @@ _ARGS_CACHE: dict = {}  # runner worker: the last few argument sets, reused by t
 def alloc_args(device, args_info, alloc_repeat: int) -> list:
     """MetaSchedule runner allocator: random activations and weights, and a 50 % random mask with its reorder
     (counts, order, used) instead of random integers, which would index out of bounds. Seeded, and cached per
-    signature, so every candidate of a task is timed on the same inputs. gemm_mn tasks at a count of ALSO_TIMED
-    get argument sets at that count too (the kernels take any token count). Each argument set's expected output
+    signature, so every candidate of a task is timed on the same inputs. Tasks at a count of ALSO_TIMED get
+    argument sets at that count too (the kernels take any token count). Each argument set's expected output
     rows (CHECK_TOKENS tokens, NumPy) are kept for run_evaluator's check."""
     from ..kernel_reference import make_mask, ref_mask_reorder
 
@@ -64,7 +64,7 @@ def alloc_args(device, args_info, alloc_repeat: int) -> list:
     (n, k), dtype = ((shapes[-2][1], shapes[0][1]), dtypes[0])
     rng = np.random.default_rng(0)
     repeated = []
-    counts = (tokens, ALSO_TIMED[tokens]) if kind != "gemm_k" and tokens in ALSO_TIMED else (tokens,)
+    counts = (tokens, ALSO_TIMED[tokens]) if tokens in ALSO_TIMED else (tokens,)
     for tokens in [m for m in counts for _ in range(alloc_repeat)]:
         mask = make_mask("random", tokens, groups, rng, 0.5)
         x = (rng.random((tokens, k), dtype=np.float32) - 0.5).astype(dtype)

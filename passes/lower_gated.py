@@ -17,10 +17,9 @@ from tvm.relax.dpl import rewrite_call
 
 from ..errors import WideError
 from ..kernel_knobs import kernel_key
-from ..schedules import gemm_k, gemm_mn, mask_reorder
-from ..schedules.gemv import DIRECT_TOKENS, decode_knobs, supports_k, supports_mn
+from ..schedules import gemm_k, gemm_mn, gemm_mn_reorder_bound, mask_reorder
+from ..schedules.gemv import decode_knobs, supports_k, supports_mn
 from ..schedules.tile_gemm import DEFAULT_TILES, tile_knobs
-from ..schedules.wgmma_gemm import reorder_free_bound
 from ..weight_layout import TC_CHUNK, TC_ROWS, stored_shape
 from ..schedules.tiles import tiles_from_log
 from ..schedules.root_block import with_root_block
@@ -146,7 +145,7 @@ UNREAD = 2**31 - 1
 def _reorder_bound(state: _State, mn_layout: str | None, mn_knobs: dict | None = None) -> int:
     """Token counts up to which no consumer reads the mask reorder, so it launches nothing: on CUDA, where the
     reorder feeds a tensor-core gemm_mn (`mn_layout` "tc", `mn_knobs` its _tuned keywords), up to its direct
-    kernels and the many-token kernels that sort their tokens themselves (wgmma_gemm.reorder_free_bound), or every
+    kernels and the many-token kernels that sort their tokens themselves (schedules.gemm_mn_reorder_bound), or every
     count where it feeds gemm_k alone (`mn_layout` None); on the CPU none (its gemm_k walks the reorder's lists)."""
     if state.target_kind != "cuda":
         return 0
@@ -154,7 +153,7 @@ def _reorder_bound(state: _State, mn_layout: str | None, mn_knobs: dict | None =
         return UNREAD
     if mn_layout != "tc":
         return 0
-    return max(DIRECT_TOKENS["gemm_mn"], reorder_free_bound((mn_knobs or {}).get("tile_knobs", DEFAULT_TILES)))
+    return gemm_mn_reorder_bound((mn_knobs or {}).get("tile_knobs", DEFAULT_TILES))
 
 
 def _reorder_call(state: _State, info: MaskInfo, tokens, direct_tokens: int):

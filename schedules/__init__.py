@@ -2,8 +2,10 @@
 
 from .gemm_k import gemm_k
 from .gemm_mn import gemm_mn
+from .gemv import DIRECT_TOKENS
 from .mask_reorder import mask_reorder
 from .tiles import TileConfig, tile_config
+from .wgmma_gemm import reorder_free_bound
 
 
 def gated_kernel(kind: str, groups: int, group_size: int, dim: int, dtype: str, layout: str, target_kind: str,
@@ -15,4 +17,11 @@ def gated_kernel(kind: str, groups: int, group_size: int, dim: int, dtype: str, 
     return gemm_mn(groups, group_size, dim, dtype, layout, kind == "gemm_mn_swiglu", target_kind, **knobs)
 
 
-__all__ = ["gated_kernel", "gemm_k", "gemm_mn", "mask_reorder", "TileConfig", "tile_config"]
+def gemm_mn_reorder_bound(tile_knobs: tuple) -> int:
+    """Token counts up to which no kernel of a tensor-core gemm_mn with these many-token knobs (one per tile
+    bucket) reads the mask reorder: its direct kernels' and those that sort their tokens themselves."""
+    return max(DIRECT_TOKENS["gemm_mn"], reorder_free_bound(tile_knobs))
+
+
+__all__ = ["gated_kernel", "gemm_k", "gemm_mn", "gemm_mn_reorder_bound", "mask_reorder", "TileConfig",
+           "tile_config"]

@@ -65,14 +65,14 @@ def alloc_args(device, args_info, alloc_repeat: int) -> list:
     rng = np.random.default_rng(0)
     repeated = []
     counts = (tokens, ALSO_TIMED[tokens]) if tokens in ALSO_TIMED else (tokens,)
-    for tokens in [m for m in counts for _ in range(alloc_repeat)]:
-        mask = make_mask("random", tokens, groups, rng, 0.5)
-        x = (rng.random((tokens, k), dtype=np.float32) - 0.5).astype(dtype)
+    for m in [m for m in counts for _ in range(alloc_repeat)]:
+        mask = make_mask("random", m, groups, rng, 0.5)
+        x = (rng.random((m, k), dtype=np.float32) - 0.5).astype(dtype)
         weights = [((rng.random((n, k), dtype=np.float32) - 0.5) / 8).astype(dtype) for _ in shapes[1:-6]]
         host = [x, *(pack(w, layout) for w in weights), mask, *ref_mask_reorder(mask),
-                np.zeros((tokens, shapes[-2][1]), dtype), np.zeros(shapes[-1], np.int8)]
+                np.zeros((m, shapes[-2][1]), dtype), np.zeros(shapes[-1], np.int8)]
         args = [tvm.runtime.tensor(np.ascontiguousarray(a), device) for a in host]
-        rows = np.unique(np.concatenate([[0, tokens - 1], rng.integers(0, tokens, CHECK_TOKENS - 2)]))
+        rows = np.unique(np.concatenate([[0, m - 1], rng.integers(0, m, CHECK_TOKENS - 2)]))
         _EXPECTED[id(args[-2])] = (rows, _expected(kind, x[rows], weights, mask[rows], n, groups))
         repeated.append(args)
     while len(_ARGS_CACHE) >= 4:

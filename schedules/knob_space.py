@@ -281,15 +281,14 @@ def instantiate(task: KnobTask, values: dict) -> tirx.PrimFunc:
 def task_reorder(task: KnobTask, values: dict) -> tirx.PrimFunc | None:
     """The mask reorder a model runs in front of a many-token gemm_mn candidate (timed with it, so a kernel that
     sorts its tokens itself is not weighed against one whose reorder is free): it launches nothing up to the
-    candidate's reorder-free bound (schedules/wgmma_gemm.py: reorder_free_bound). None for gemm_k (no CUDA gemm_k
+    candidate's reorder-free bound (schedules.gemm_mn_reorder_bound). None for gemm_k (no CUDA gemm_k
     reads the reorder) and the other spaces (the direct kernels read the mask; the CPU times kernels alone)."""
-    from .mask_reorder import mask_reorder
-    from .wgmma_gemm import reorder_free_bound
+    from . import gemm_mn_reorder_bound, mask_reorder
 
     if task.space != "tile" or task.kind == "gemm_k":
         return None
     knobs = (tile_knob(values["variant"]),) * len(DEFAULT_TILES)
-    return mask_reorder(task.groups, "cuda", max(DIRECT_TOKENS["gemm_mn"], reorder_free_bound(knobs)))
+    return mask_reorder(task.groups, "cuda", gemm_mn_reorder_bound(knobs))
 
 
 @derived_object

@@ -26,10 +26,9 @@ from wide_tvm.frontends.export import export_model  # noqa: E402
 from wide_tvm.frontends.hf_checkpoint import load_wide_checkpoint  # noqa: E402
 from wide_tvm.model import WideConfig, build_example, example_inputs  # noqa: E402
 from wide_tvm.tiny_checkpoint import LORA_ALPHA, write_tiny_checkpoint  # noqa: E402
-from wide_tvm.schedules import gemm_k, gemm_mn, mask_reorder  # noqa: E402
-from wide_tvm.schedules.gemv import DECODE_BUCKETS, DIRECT_TOKENS, GemvKnobs  # noqa: E402
+from wide_tvm.schedules import gemm_k, gemm_mn, gemm_mn_reorder_bound, mask_reorder  # noqa: E402
+from wide_tvm.schedules.gemv import DECODE_BUCKETS, GemvKnobs  # noqa: E402
 from wide_tvm.schedules.tile_gemm import DEFAULT_TILES, tile_knob  # noqa: E402
-from wide_tvm.schedules.wgmma_gemm import reorder_free_bound  # noqa: E402
 from wide_tvm.targets import parse_target  # noqa: E402
 
 KERNELS = [
@@ -157,11 +156,11 @@ def kernel_func(kind, g, gs, dim, dtype, layout, knobs=None, tile=None):
 
 def reorder_free(spec) -> int:
     """Token counts up to which a gemm_mn case reads no mask reorder (gpu_check hands it a wrong one there): its
-    direct kernels' and the many-token kernels that sort their tokens themselves (wgmma_gemm.reorder_free_bound)."""
+    direct kernels' and the many-token kernels that sort their tokens themselves (schedules.gemm_mn_reorder_bound)."""
     if not spec[0].startswith("gemm_mn") or spec[5] != "tc":
         return 0
     tiles = (tile_knob(spec[7]),) * len(DEFAULT_TILES) if len(spec) > 7 else DEFAULT_TILES
-    return max(DIRECT_TOKENS["gemm_mn"], reorder_free_bound(tiles))
+    return gemm_mn_reorder_bound(tiles)
 
 
 def build_wgmma_example(out_dir: str, cfg: WideConfig, fp16_path: str) -> None:

@@ -53,28 +53,25 @@ def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None
                         target_kind, **extra)
 
 
-def built_bound(w: Workload, target_kind: str, tuned: dict | None, wgmma: bool) -> int:
-    """The direct-kernel bound of w's benchmark kernel (its tuned tile knobs decide gemm_k's), 0 off tensor cores."""
+def built_bounds(w: Workload, target_kind: str, tuned: dict | None, wgmma: bool) -> tuple[int, int]:
+    """(direct-kernel bound, reorder-free bound) of w's benchmark kernel from its tuned tile knobs: gemm_k's
+    direct bound depends on them, and a gemm_mn whose leading buckets sort their own tokens reads no reorder up
+    to the second (wgmma_gemm.reorder_free_bound; 0 for gemm_k). Both 0 off tensor cores."""
     if target_kind != "cuda" or weight_layout_for(w, target_kind) != "tc":
-        return 0
+        return 0, 0
     entry = (tuned or {}).get(kernel_key(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype), {})
-    return direct_bound(w.kind, tile_knobs(entry.get("tiles"), wgmma))
-
-
-def built_sorts(w: Workload, target_kind: str, tuned: dict | None, wgmma: bool) -> int:
-    """The reorder-free bound of w's benchmark gemm_mn (wgmma_gemm.reorder_free_bound of its tuned tile knobs): up
-    to it no kernel reads the reorder; 0 for gemm_k and off tensor cores."""
-    if w.kind == "gemm_k" or target_kind != "cuda" or weight_layout_for(w, target_kind) != "tc":
-        return 0
-    entry = (tuned or {}).get(kernel_key(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype), {})
-    return reorder_free_bound(tile_knobs(entry.get("tiles"), wgmma))
+    tiles = tile_knobs(entry.get("tiles"), wgmma)
+    return direct_bound(w.kind, tiles), 0 if w.kind == "gemm_k" else reorder_free_bound(tiles)
 
 
 def with_bounds(workloads: list[Workload], target_kind: str, tuned: dict | None, wgmma: bool) -> list[Workload]:
     """The workloads with their built kernels' direct and reorder-free bounds, which the GPU host reads from
     bench.json (it picks each row's kernel bucket by them, and gemm_mn's mask reorder; gemm_k's never runs)."""
-    return [replace(w, direct=built_bound(w, target_kind, tuned, wgmma),
-                    sorts=built_sorts(w, target_kind, tuned, wgmma)) for w in workloads]
+    out = []
+    for w in workloads:
+        direct, sorts = built_bounds(w, target_kind, tuned, wgmma)
+        out.append(replace(w, direct=direct, sorts=sorts))
+    return out
 
 
 def our_kernels(workloads: list[Workload], target_kind: str, sweep: str | None = None, tuned: dict | None = None,
@@ -84,11 +81,10 @@ def our_kernels(workloads: list[Workload], target_kind: str, sweep: str | None =
     funcs = {}
     for w in workloads:
         funcs[w.kernel] = _kernel(w, target_kind, tuned=tuned, wgmma=wgmma).with_attr("global_symbol", w.kernel)
-        direct = built_bound(w, target_kind, tuned, wgmma)
-        if direct and direct != w.direct_tokens or built_sorts(w, target_kind, tuned, wgmma) != w.sorts:
-            raise ValueError(f"{w.name}: its kernel's direct / reorder-free bounds are {direct} / "
-                             f"{built_sorts(w, target_kind, tuned, wgmma)} tokens, the workload says "
-                             f"{w.direct_tokens} / {w.sorts} (with_bounds sets them)")
+        direct, sorts = built_bounds(w, target_kind, tuned, wgmma)
+        if direct and direct != w.direct_tokens or sorts != w.sorts:
+            raise ValueError(f"{w.name}: its kernel's direct / reorder-free bounds are {direct} / {sorts} tokens, "
+                             f"the workload says {w.direct_tokens} / {w.sorts} (with_bounds sets them)")
         funcs[w.reorder] = mask_reorder(w.groups, target_kind, w.reorder_bound if direct else 0).with_attr(
             "global_symbol", w.reorder)
         if sweep and target_kind == "cuda":

@@ -1,7 +1,8 @@
-"""LowerGatedLayers: replace router-gated FFN and attention output projections with block-sparse kernels.
+"""LowerGatedLayers: replace router-gated FFN and attention projections with block-sparse kernels.
 
 Gated SwiGLU FFN  ->  mask_reorder + gemm_mn (gate/up, SwiGLU epilogue) + gemm_k (down)
-Gated attention   ->  attention stays dense; mask gating + o_proj -> mask_reorder + gemm_k
+Gated attention   ->  attention stays dense; mask gating + o_proj -> mask_reorder + gemm_k, and q_proj ->
+                      mask_reorder + gemm_mn where its head groups feed only their own (query_projection.py)
 (on CUDA gemm_k reads the mask itself, so a reorder only it consumes launches nothing)
 The router itself (and its argmax) stays in the graph: its mask feeds the kernels.
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 import tvm
 from tvm import relax
-from tvm.relax.dpl import rewrite_call
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from ..errors import WideError
 from ..kernel_knobs import kernel_key
@@ -25,6 +26,7 @@ from ..schedules.tiles import tiles_from_log
 from ..schedules.root_block import with_root_block
 from .mask_analysis import MaskInfo, analyse_mask, op_name, resolve
 from .patterns import gated_projection, gated_swiglu_ffn
+from .query_projection import binding_order, find_query_projection, vars_read
 
 
 @dataclass
@@ -39,6 +41,18 @@ class GatedLayer:
 
 
 @dataclass
+class _QueryPlan:
+    """A gated attention's query projection (`call`: x @ Wq) to lower with the attention's mask."""
+
+    call: relax.Call
+    info: MaskInfo
+    weight: relax.Var  # as the kernel reads it (repacked where that pays)
+    layout: str
+    hidden: int
+    layer: GatedLayer  # the attention's summary entry, which gains the query kernels
+
+
+@dataclass
 class _State:
     target_kind: str
     var2val: dict
@@ -48,6 +62,8 @@ class _State:
     repacked: dict = field(default_factory=dict)  # weight param -> (replacement param, source layout, layout)
     kernels: dict = field(default_factory=dict)  # name -> GlobalVar, shared by the module's functions
     layers: list = field(default_factory=list)
+    func: relax.Function | None = None  # the function being rewritten (binding order for query_projection)
+    queries: list = field(default_factory=list)  # _QueryPlan of each gated attention's query projection
     wgmma: bool = False  # the target compiles Hopper wgmma (sm_90a): tuned wgmma tile picks are kept
 
     def kernel(self, name: str, build) -> tvm.ir.GlobalVar:
@@ -284,9 +300,65 @@ def _rewrite_projection(state: _State, pat):
         reorder_name, reorder = _reorder_call(state, info, tokens, _reorder_bound(state, None))
         out, kern = _gemm_k_call(state, a2, tokens, str(operand.ty.dtype), plan, info, reorder, expr)
         kind = "attention" if _is_attention(m[pat.operand], v2v) else "projection"
-        state.layers.append(GatedLayer(kind, info.groups, info.group_size, [reorder_name, kern[0]],
-                                       [_name(kern[1])]))
+        layer = GatedLayer(kind, info.groups, info.group_size, [reorder_name, kern[0]], [_name(kern[1])])
+        state.layers.append(layer)
+        if kind == "attention":
+            plan = _query_plan(state, m[pat.operand], info, str(operand.ty.dtype), layer)
+            if plan is not None:
+                state.queries.append(plan)
         return out
+
+    return callback
+
+
+def _bound_before(expr, var: relax.Var, func: relax.Function) -> bool:
+    """Whether every variable `expr` reads is a parameter or bound before `var` (so `var`'s binding may use it)."""
+    order = binding_order(func)
+    return all(order.get(v, -1) < order[var] for v in vars_read(expr))
+
+
+def _query_plan(state: _State, operand, info: MaskInfo, dtype: str, layer: GatedLayer) -> _QueryPlan | None:
+    """How to lower the query projection of the gated attention whose gated output is `operand`; None when it
+    has none that find_query_projection accepts, or its weight, shape or mask does not fit gemm_mn."""
+    v2v = state.var2val
+    q = find_query_projection(state.func, operand, info, v2v)
+    if q is None or not _bound_before(info.root, q, state.func):
+        return None
+    call = v2v[q]
+    tc = _tokens_and_channels(call.args[0])
+    weight, layout = _weight(call.args[1], v2v)
+    if tc is None or str(call.args[0].ty.dtype) != dtype or str(weight.ty.dtype) != dtype:
+        return None
+    hidden = tc[1]
+    if _weight_dims(weight, layout) != (info.groups * info.group_size, hidden):
+        return None
+    (weight,), layout = _kernel_layout(state, [weight], layout, supports_mn(info.group_size, hidden, dtype))
+    return _QueryPlan(call, info, weight, layout, hidden, layer)
+
+
+def _rewrite_query(state: _State):
+    """Callback of a matmul pattern: a planned query projection x @ Wq -> mask_reorder + gemm_mn over the
+    attention's head groups (zeros where a token skips a group, which its o_proj gating discards anyway)."""
+
+    def callback(expr, _m):
+        plan = next((p for p in state.queries if p.call.same_as(expr)), None)
+        if plan is None:
+            return expr
+        state.queries.remove(plan)
+        info, x = plan.info, expr.args[0]
+        G, gs, K = info.groups, info.group_size, plan.hidden
+        tokens, _ = _tokens_and_channels(x)
+        dtype = str(x.ty.dtype)
+        name = f"wide_gemm_mn_g{G}x{gs}_k{K}_{dtype}_{plan.layout}"
+        extra = _tuned(state, "gemm_mn", G, gs, K, dtype)
+        reorder_name, reorder = _reorder_call(state, info, tokens, _reorder_bound(state, plan.layout, extra))
+        gv = state.kernel(name, lambda: gemm_mn(G, gs, K, dtype, plan.layout, False, state.target_kind, **extra))
+        q = relax.call_tir(gv, [relax.op.reshape(x, relax.ShapeExpr([tokens, K])), plan.weight, plan.weight,
+                                _flat_mask(info, tokens), *[relax.TupleGetItem(reorder, i) for i in range(3)]],
+                           out_ty=relax.TensorType([tokens, G * gs], dtype))
+        plan.layer.kernels += [reorder_name, name]
+        plan.layer.weights.append(_name(plan.weight))
+        return relax.op.reshape(q, expr.ty.shape)
 
     return callback
 
@@ -344,7 +416,10 @@ class LowerGatedLayers:
             func = rewrite_call(ffn.root, _rewrite_ffn(state, ffn), func)
             state.var2val = relax.analysis.get_var2val(func)
             proj = gated_projection()
+            state.func = func
             func = rewrite_call(proj.root, _rewrite_projection(state, proj), func)
+            if state.queries:
+                func = rewrite_call(is_op("relax.matmul")(wildcard(), wildcard()), _rewrite_query(state), func)
             if state.repacked:
                 func = _replace_params(func, state.repacked)
                 self.repacked.update({p.name: (src, have) for p, (_, src, have) in state.repacked.items()})

@@ -14,15 +14,15 @@ import tvm
 from tvm import tirx
 
 from ..weight_layout import pack
-from .knob_space import instantiate, knob_values, tag_task, task_of, task_reorder
+from .knob_space import TILE_TOKENS, instantiate, knob_values, tag_task, task_of, task_reorder
 
 CHECK_TOKENS = 8  # output rows (tokens) the runner checks against NumPy after timing a candidate
 CHECK_TOLERANCE = 2e-2  # max |out - ref| / max |ref| a candidate may reach (fp16 kernels: ~3e-4)
 REORDER = "reorder"  # a candidate module's mask reorder, when a model runs one in front of the kernel
-# The many-token buckets (<= 128, <= 512 tokens) are also timed at these counts, a candidate's time being the mean
-# over both: a bucket's pick serves every count in it, and gate/up g32's pick timed at 128 tokens alone ran 88 us
-# at 33-65 tokens where the runner-up ran 72-74 (docs/performance.md)
-ALSO_TIMED = {128: 64, 512: 256}
+# The bounded many-token buckets (timed at TILE_TOKENS[:2]: <= 128, <= 512 tokens) are also timed at half their
+# top, a candidate's time being the mean over both: a bucket's pick serves every count in it, and gate/up g32's
+# pick timed at 128 tokens alone ran 88 us at 33-65 tokens where the runner-up ran 72-74 (docs/performance.md)
+ALSO_TIMED = {top: top // 2 for top in TILE_TOKENS[:2]}
 
 
 def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params=None) -> tvm.runtime.Module:

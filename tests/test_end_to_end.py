@@ -34,6 +34,9 @@ def test_matches_pytorch(exported, tmp_path, fmt, cfg_name):
     n_gated = sum(cfg.is_gated(i) for i in range(cfg.num_layers))
     assert sum(layer.kind == "ffn" for layer in compiled.layers) == n_gated
     assert sum(layer.kind == "attention" for layer in compiled.layers) == n_gated
+    # each gated attention's query projection runs as gemm_mn over the attention's head groups
+    assert all(layer.kernels[-1].startswith(f"wide_gemm_mn_g{layer.groups}x{layer.group_size}_")
+               for layer in compiled.layers if layer.kind == "attention")
     for t in TOKENS:
         x = example_inputs(cfg, t, seed=t)
         with torch.no_grad():

@@ -81,6 +81,9 @@ def test_compiled_matches_pytorch_with_masks(checkpoints, tmp_path, kind, fmt):
     compiled = wide_tvm.compile(path, "llvm")
     assert sum(layer.kind == "ffn" for layer in compiled.layers) == LAYERS
     assert sum(layer.kind == "attention" for layer in compiled.layers) == LAYERS
+    # the query projection is gated too, through Qwen3's q_norm as through Llama's plain RoPE
+    assert all(layer.kernels[-1].startswith("wide_gemm_mn_g") for layer in compiled.layers
+               if layer.kind == "attention")
     lib = str(tmp_path / f"{kind}.so")
     runner = wide_tvm.load(compiled.export(lib))
     for t in (1, 7, 19):

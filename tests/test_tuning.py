@@ -94,24 +94,24 @@ def test_wide_tune_cpu_resumes_and_compile_applies_it(exported, tmp_path, capsys
         return keys
 
     assert tune_main([path, "--target", "llvm", "--trials", "1", "--out", out]) == 0
-    assert len(points()) == 9  # gate/up, down, o_proj x 3 CPU token buckets
+    assert len(points()) == 12  # gate/up, down, q_proj, o_proj x 3 CPU token buckets
     entries = kernel_knobs.load(out)
-    assert len(entries) == 3 and all(None not in e["cpu"] and len(e["cpu"]) == 3 for e in entries.values())
+    assert len(entries) == 4 and all(None not in e["cpu"] and len(e["cpu"]) == 3 for e in entries.values())
     with monkeypatch.context() as m:
         m.setattr(knob_tuning, "SEARCH_MIN", 1)  # the evolutionary search even for one trial
         m.setattr(knob_tuning, "random_points", None)  # (not called)
         assert tune_main([path, "--target", "llvm", "--trials", "2", "--out", out]) == 0  # resumes: one more each
-    assert len(points()) == 18 and len(set(points())) == 18
+    assert len(points()) == 24 and len(set(points())) == 24
     capsys.readouterr()
     assert tune_main([path, "--target", "llvm", "--trials", "2", "--out", out]) == 0  # nothing left to tune
-    assert capsys.readouterr().out.count("already tuned") == 9 and len(points()) == 18
+    assert capsys.readouterr().out.count("already tuned") == 12 and len(points()) == 24
     assert tune_main(["--show", "--target", "llvm", "--out", out]) == 0
     table = capsys.readouterr().out
-    assert table.count("| 2 / ") == 9 and "/cpu2 | 64 | 2 / " in table
+    assert table.count("| 2 / ") == 12 and "/cpu2 | 64 | 2 / " in table
     assert tune_main([path, "--target", "llvm", "--trials", "3", "--out", out]) == 0  # one more each, at random
-    assert len(points()) == 27 and len(set(points())) == 27
+    assert len(points()) == 36 and len(set(points())) == 36
     runs = json.loads((tmp_path / "tl" / kernel_knobs.RUNS).read_text())
-    assert [len(r["tasks"]) for r in runs] == [9, 9, 0, 9] and all(r["finished"] for r in runs)
+    assert [len(r["tasks"]) for r in runs] == [12, 12, 0, 12] and all(r["finished"] for r in runs)
     assert runs[0]["command"].startswith("wide-tune") and "--trials 1" in runs[0]["command"]
     assert "llvm" in runs[0]["target"]
     compiled = wide_tvm.compile(path, "llvm", tuning_log=out)

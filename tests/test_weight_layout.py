@@ -80,15 +80,19 @@ def test_fp16_model_stores_tensor_core_tiles_for_cuda(tmp_path):
     path = str(tmp_path / "m16.onnx")
     export_model(model, example_inputs(cfg), path)
     compiled = wide_tvm.compile(path, "cuda")
+    stored = dict(zip(compiled.model.weight_names, compiled.model.weights))
     ffn = [layer for layer in compiled.layers if layer.kind == "ffn"]
     # gate/up and down read tiles, and their reorder runs nothing up to 32 tokens (gate/up's direct kernels read
     # the mask themselves, and down's kernels at every count)
     assert ffn and all(layer.kernels[0].endswith("_d32") and all(k.endswith("_tc") for k in layer.kernels[1:])
                        for layer in ffn)
     # the attention output projection's reorder runs nothing at any token count: gemm_k reads the mask itself
-    assert {layer.kernels[0] for layer in compiled.layers if layer.kind == "attention"} == {
-        f"wide_mask_reorder_g{cfg.attn_groups}_unread"}
-    stored = dict(zip(compiled.model.weight_names, compiled.model.weights))
+    attn = [layer for layer in compiled.layers if layer.kind == "attention"]
+    assert {layer.kernels[0] for layer in attn} == {f"wide_mask_reorder_g{cfg.attn_groups}_unread"}
+    # the query projection reads tiles too, and its reorder runs nothing up to its direct kernels' bound at least
+    assert all(layer.kernels[-1].endswith("_tc") and "_d" in layer.kernels[-2] for layer in attn)
+    q = stored[attn[0].weights[-1]]
+    assert q.shape == (cfg.num_heads * cfg.head_dim // 16, 16 * cfg.hidden_size)
     gate = stored[ffn[0].weights[0]]
     assert gate.shape == (cfg.intermediate_size // 16, 16 * cfg.hidden_size) and gate.dtype == np.float16
     down = stored[ffn[0].weights[-1]]

@@ -175,19 +175,23 @@ def build_wgmma_example(out_dir: str, cfg: WideConfig, fp16_path: str) -> None:
     compiled.export(os.path.join(out_dir, "example_fp16_wgmma.so"))
 
 
-def main(out_dir: str, only: str | None = None) -> None:
+def main(out_dir: str, only: str | None = None, examples: bool = False) -> None:
     """only: a regular expression; when given, build just the kernel cases whose knob name matches it (no
-    example models), e.g. to check new kernels on the GPU without the 10-minute full build."""
+    example models), e.g. to check new kernels on the GPU without the 10-minute full build; examples: build
+    the example models alone (a compiler change, checked without the kernel cases)."""
     os.makedirs(out_dir, exist_ok=True)
     if only is None:
         build_examples(out_dir)
-    build_kernels(out_dir, only)
+    if not examples:
+        build_kernels(out_dir, only)
 
 
 def build_examples(out_dir: str) -> None:
     """The example models (fp32, dense, fp16, fp16 on wgmma) and the tiny Llama checkpoint, compiled."""
     model_path = os.path.join(out_dir, "example.pt2")
     cfg = WideConfig()
+    with open(os.path.join(out_dir, "example_config.json"), "w") as f:
+        f.write(cfg.to_json())
     export_model(build_example(cfg), example_inputs(cfg), model_path)
     wide_compile(model_path, "cuda").export(os.path.join(out_dir, "example.so"))
     wide_compile(model_path, "cuda", dense=True).export(os.path.join(out_dir, "example_dense.so"))
@@ -234,6 +238,8 @@ def build_kernels(out_dir: str, only: str | None) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", nargs="?", default="gpu_check")
-    parser.add_argument("--only", metavar="REGEX", help="only the kernel cases whose knob name matches (no examples)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--only", metavar="REGEX", help="only the kernel cases whose knob name matches (no examples)")
+    which.add_argument("--examples", action="store_true", help="only the example models (no kernel cases)")
     args = parser.parse_args()
-    main(args.out_dir, args.only)
+    main(args.out_dir, args.only, args.examples)

@@ -103,17 +103,26 @@ def _strip_reshape(expr, var2val):
     return expr
 
 
-def _tokens_and_channels(expr) -> tuple[tvm.ir.PrimExpr, int] | None:
+def _tokens_and_channels(expr, channels: int | None = None) -> tuple[tvm.ir.PrimExpr, int] | None:
+    """(rows, channels) of `expr` seen as a [rows, channels] matrix: channels its last dimension, or the given
+    count, which trailing static dimensions must make up exactly (a gated attention output [1, T, G, gs] read as
+    [T, G * gs]); None when the shape does not split so."""
     shape = expr.ty.shape
     if shape is None:
         return None
     dims = list(shape.values)
-    if not isinstance(dims[-1], tvm.tirx.IntImm):
+    tail = 1
+    while dims and (tail < channels if channels else tail == 1):
+        d = dims.pop()
+        if not isinstance(d, tvm.tirx.IntImm):
+            return None
+        tail *= int(d)
+    if not dims or (channels and tail != channels):
         return None
     tokens = dims[0]
-    for d in dims[1:-1]:
+    for d in dims[1:]:
         tokens = tokens * d
-    return tokens, int(dims[-1])
+    return tokens, tail
 
 
 def _flat_mask(info: MaskInfo, tokens) -> relax.Expr:
@@ -289,7 +298,7 @@ def _rewrite_projection(state: _State, pat):
         if info is None:
             return expr
         operand = m[pat.operand]
-        tc = _tokens_and_channels(operand)
+        tc = _tokens_and_channels(operand, k)  # the operand may still be split into groups: [.., G, gs] -> [.., k]
         if tc is None:
             return expr
         tokens, _ = tc

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 
 import numpy as np
 import pytest
@@ -135,6 +136,27 @@ def test_query_used_past_the_gating_stays_dense(tmp_path):
     with torch.no_grad():
         ref = model(x).numpy()
     assert np.abs(runner(x.numpy()) - ref).max() / np.abs(ref).max() < 1e-5
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+def test_kernels_run_one_row_per_token(tmp_path, fmt):
+    """Every gated kernel of a lowered model (gate/up, down, q, o) and its mask reorder run over the model's
+    token count: the gated attention output [1, T, G, gs] is read as [T, G * gs], not [G * T, gs] rows (which
+    once made o_proj's gemm_k run G times the rows, reading past its operand's end)."""
+    from wide_tvm.passes import LowerGatedLayers
+
+    cfg = WideConfig(num_layers=1)
+    mod = import_model(_export(build_example(cfg), cfg, str(tmp_path / f"m.{fmt}"))).mod
+    tokens = str(mod["main"].params[0].ty.shape.values[-1])  # input_ids [1, T]
+    lowered = LowerGatedLayers("llvm")(mod)
+    calls = []
+    relax.analysis.post_order_visit(lowered["main"].body, lambda e: calls.append(e) if isinstance(
+        e, relax.Call) and getattr(e.op, "name", "") == "relax.call_tir" else None)
+    rows = {c.args[0].name_hint: str(c.args[1].fields[0].ty.shape.values[0]) for c in calls  # x, a or the mask
+            if c.args[0].name_hint.startswith("wide_")}
+    assert {re.sub(r"_g\d+.*", "", name) for name in rows} == {"wide_gemm_mn_swiglu", "wide_gemm_k", "wide_gemm_mn",
+                                                      "wide_mask_reorder"}
+    assert set(rows.values()) == {tokens}, rows
 
 
 def test_label_merges():

@@ -37,7 +37,7 @@ from typing import NamedTuple
 from tvm.script import tirx as T
 
 from ..targets import hopper_device_code
-from .gemv import ROWS, _plus, _sum_k_splits, _used_groups, bit_words, token_runs
+from .gemv import ROWS, _plus, _used_groups, bit_words, token_runs
 from .mask_reorder import _ballot, _lanes_below, _popc, block_scan
 from .tile_gemm import TILE_BUCKETS, TileKnobs, check_tile_knobs
 
@@ -50,6 +50,12 @@ ALIGN = 1024  # bytes: a 128-byte-swizzled tile starts on an 8-row x 128-byte bo
 MBARRIER_BYTES = 8  # one mbarrier; a warp-specialised ring has two a stage (full, empty), past the stages
 # 2 warpgroups x N 256 (rows x 64), a 4-deep ring: 192 KB of shared memory, one block per SM
 WGMMA_TILES = TileKnobs(tokens=128, rows=4, stages=4, kernel="wgmma")
+# A gemm_k split count: the SMs of an H100 / H200 (one wave of blocks per resident block an SM), the most blocks
+# splitting K and the fewest K steps a raised split leaves each, and the shared memory of an SM (2 KB more a
+# block: the static list buffers and the per-block reserve)
+WAVE_SMS = 132
+MAX_KSPLIT = 8
+SM_SHARED_BYTES = 228 * 1024
 # Up to this many tokens a per-tile gemm_mn block sorts its group's tokens itself (a ballot over the group's mask
 # column), so no mask reorder launches in front of it; past it each block would read n mask entries
 SORT_TOKENS = TILE_BUCKETS[-1]
@@ -634,11 +640,24 @@ def _persistent_mn_body(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: 
     return body
 
 
+def gemm_k_splits(tiles, col_blocks: int, knobs: TileKnobs):
+    """Blocks splitting gemm_k's K for `tiles` token tiles (an int, or the kernel's int32 PrimExpr) of a GEMM of
+    `k_steps` K steps: the knob's split, raised while tiles x col_blocks x splits blocks still run in one wave, so
+    that a bucket's smaller counts (129-256 tokens of the <= 512 bucket: 2 token tiles) still fill the GPU; raised
+    up to MAX_KSPLIT, and only as far as every split keeps MIN_SPLIT_STEPS steps (O's 64 steps: 4 splits; more made
+    its 33-64 tokens slower on the H200). The knob is the split at the bucket's larger counts."""
+    per_sm = max(1, SM_SHARED_BYTES // (ring_bytes(knobs, 64 * knobs.rows) + 2048))
+    fill = WAVE_SMS * per_sm // (tiles * col_blocks)
+    if isinstance(fill, int):
+        return max(knobs.ksplit, min(MAX_KSPLIT, fill))
+    return T.max(knobs.ksplit, T.min(MAX_KSPLIT, fill))
+
+
 def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WGMMA_TILES):
     """Macro (a, w, mask, used, out, n): out [n, N] = sum over the groups g a token runs of a[t, g's K slice] @
-    W[:, g's K slice]^T, W in the "tc" layout [N / 16, 16 K] (K = G * gs). With ksplit KB > 1 (few tokens: few
-    blocks) KB blocks share a tile's listed K steps and write fp32 partials, which a second launch sums in split
-    order (deterministic)."""
+    W[:, g's K slice]^T, W in the "tc" layout [N / 16, 16 K] (K = G * gs). Split over blocks (gemm_k_splits: the
+    knob's ksplit, more where few token tiles leave SMs idle), the blocks of a tile share its listed K steps and
+    write fp32 partials, which a second launch sums in split order (deterministic)."""
     G, gs, N = groups, group_size, n_dim
     check_wgmma_shape(gs, N, knobs)
     BT, S = knobs.tokens, knobs.stages
@@ -649,7 +668,6 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
     CA = BT * 8 // COPIERS
     CB = NB * 8 // COPIERS
     BITS = G + 1 + WARPS  # where the token bit sets start in the shared list buffer
-    KB = knobs.ksplit
 
     def nn(n):
         return T.Cast("int32", n)
@@ -725,11 +743,16 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
 
     run = wgmma_mainloop(knobs, NB, issue)
 
+    def splits(n):
+        """Blocks splitting K at n tokens (int32): gemm_k_splits of the token tiles."""
+        return gemm_k_splits((nn(n) + BT - 1) // BT, N // NB, knobs)
+
     @T.macro
     def main_pass(a, w, mask, used, out, ws, n):
-        """The GEMM; with KB > 1 each split block writes its fp32 partials to ws [KB, n, N] instead of out."""
+        """The GEMM; split over blocks (splits(n) > 1) each block writes its fp32 partials to ws [splits, n, N]
+        instead of out."""
         for bt in T.thread_binding((nn(n) + BT - 1) // BT, thread="blockIdx.x"):  # a column block's tiles together
-            for by in T.thread_binding(N // NB * KB, thread="blockIdx.y"):  # column block by // KB, split by % KB
+            for by in T.thread_binding(N // NB * splits(n), thread="blockIdx.y"):  # column block x splits + split
                 xs = T.decl_buffer((ring_bytes(knobs, NB) // 2,), "float16", scope="shared.dyn")
                 sused = T.decl_buffer((BITS + bit_words(BT) * (G + 1),), "int32", scope="shared")
                 for tid in T.thread_binding(THREADS, thread="threadIdx.x"):
@@ -737,30 +760,57 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                     acc = T.decl_buffer((NB // 2,), "float32", scope="local")
                     base = T.decl_buffer((1,), "int32", scope="local")
                     desc = T.decl_buffer((2,), "uint64", scope="local")
+                    sp = T.decl_buffer((3,), "int32", scope="local")  # splits, this block's split, its column block
                     nst = T.decl_buffer((1,), "int32", scope="local")  # this block's K steps (registers: loop bounds)
                     first = T.decl_buffer((1,), "int32", scope="local")  # ... from this listed step on
-                    first[0] = steps(sused) * (by % KB) // KB
-                    nst[0] = steps(sused) * (by % KB + 1) // KB - first[0]
-                    run(xs, base, desc, acc, nst[0], tid, a, w, sused, first, bt, by // KB, tid - ring.copier0, n)
+                    sp[0] = splits(n)
+                    sp[1] = by % sp[0]
+                    sp[2] = by // sp[0]
+                    first[0] = steps(sused) * sp[1] // sp[0]
+                    nst[0] = steps(sused) * (sp[1] + 1) // sp[0] - first[0]
+                    run(xs, base, desc, acc, nst[0], tid, a, w, sused, first, bt, sp[2], tid - ring.copier0, n)
                     if tid < ring.consumers:  # the warpgroups (always, without producer warps)
                         for j in T.unroll(NB // 8):
                             for e in T.unroll(4):
                                 if bt * BT + _acc_row(tid, e) < nn(n):
-                                    if KB > 1:
-                                        ws[(by % KB * nn(n) + bt * BT + _acc_row(tid, e)) * N + by // KB * NB
+                                    if sp[0] > 1:
+                                        ws[(sp[1] * nn(n) + bt * BT + _acc_row(tid, e)) * N + sp[2] * NB
                                            + _acc_col(j, tid, e)] = acc[4 * j + e]
                                     else:
-                                        out[bt * BT + _acc_row(tid, e), by // KB * NB + _acc_col(j, tid, e)] = \
+                                        out[bt * BT + _acc_row(tid, e), sp[2] * NB + _acc_col(j, tid, e)] = \
                                             T.Cast("float16", acc[4 * j + e])
 
     @T.macro
     def body(a, w, mask, used, out, n):
-        main_pass(a, w, mask, used, out, out, n)
+        # [splits, n, N] fp32 partials (one element, unused, when one block does a tile's whole K)
+        ws = T.alloc_buffer((T.Select(splits(n) > 1, T.Cast("int64", splits(n)) * n * N, T.int64(1)),), "float32",
+                            scope="global")
+        main_pass(a, w, mask, used, out, ws, n)
+        if splits(n) > 1:  # decided on the host
+            _sum_k_partials(ws, out, n, splits(n), N)
+
+    return body
+
+
+def _sum_k_partials(ws, out, n, splits, cols: int):
+    """Second launch of a split wgmma gemm_k: out [n, cols] = the sum of the fp32 partials ws [splits, n, cols] in
+    split order (deterministic); `splits` is known at run time only, so the sum is a loop, 4 channels a thread."""
+    V = 4
 
     @T.macro
-    def body_split(a, w, mask, used, out, n):
-        ws = T.alloc_buffer((KB * n * N,), "float32", scope="global")  # [KB, n, N] partials
-        main_pass(a, w, mask, used, out, ws, n)
-        _sum_k_splits(ws, out, mask, n, KB, nn(n), N, 1, False, 0)
+    def run(ws, out, n, splits):
+        for bx in T.thread_binding((T.Cast("int32", n) * (cols // V) + 255) // 256, thread="blockIdx.x"):
+            for tx in T.thread_binding(256, thread="threadIdx.x"):
+                tot = T.decl_buffer((V,), "float32", scope="local")
+                if bx * 256 + tx < T.Cast("int32", n) * (cols // V):
+                    for v in T.unroll(V):
+                        tot[v] = T.float32(0)
+                    for i in range(splits):
+                        for v in T.unroll(V):
+                            tot[v] = tot[v] + ws[(i * T.Cast("int32", n) + (bx * 256 + tx) // (cols // V)) * cols
+                                                 + (bx * 256 + tx) % (cols // V) * V + v]
+                    for v in T.unroll(V):
+                        out[(bx * 256 + tx) // (cols // V), (bx * 256 + tx) % (cols // V) * V + v] = T.Cast(
+                            "float16", tot[v])
 
-    return body_split if KB > 1 else body
+    return run(ws, out, n, splits)

@@ -3,6 +3,7 @@
     python tools/restamp_records.py tuning_logs/cuda-sm90 --since REV --report r.json   # compare only
     python tools/restamp_records.py tuning_logs/cuda-sm90 --from-report r.json --write  # rewrite from that
     python tools/restamp_records.py tuning_logs/cuda-sm90 --since REV --write           # both in one go
+    python tools/restamp_records.py tuning_logs/cuda-sm90 --since REV --only 'gemm_mn' --write   # those tasks only
 
 Every record carries the hash of its space's kernel modules (schedules/code_version.py), so any edit there
 makes all of that space's records stale, also where the edit changed no kernel a record timed (e.g. which token
@@ -26,7 +27,7 @@ import sys
 import tempfile
 
 HASHES = r"""
-import json, sys
+import json, os, re, sys
 import tvm, tvm_ffi
 from wide_tvm.knob_tuning import task_records
 from wide_tvm.schedules.code_version import code_version
@@ -36,6 +37,8 @@ out = {}
 for i, (task, rec) in enumerate(task_records(sys.argv[1])):
     mod = rec.workload.mod
     if str(mod["main"].attrs.get("wide.code", "")) != sys.argv[2]:
+        continue
+    if not re.search(os.environ.get("WIDE_RESTAMP_ONLY", ""), task.name):
         continue
     lists = None
     if mod["main"].attrs.get("wide.choices") is None:  # decisions index lists that are not stored with them
@@ -121,7 +124,10 @@ def main() -> int:
     p.add_argument("--report", help="write the records that build the same kernel today here (JSON)")
     p.add_argument("--from-report", help="take them from an earlier --report instead of building the kernels")
     p.add_argument("--write", action="store_true", help="rewrite the database with the new stamps")
+    p.add_argument("--only", default="", help="build only the records of the tasks this regex finds (wide-tune's "
+                   "task names; e.g. a kernel whose code changed knowingly, whose records are re-tuned instead)")
     args = p.parse_args()
+    os.environ["WIDE_RESTAMP_ONLY"] = args.only  # read by the subprocesses that build the kernels
     if bool(args.since) == bool(args.from_report):
         p.error("give --since REV (build and compare) or --from-report FILE")
     import tvm

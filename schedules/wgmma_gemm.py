@@ -55,6 +55,7 @@ WGMMA_TILES = TileKnobs(tokens=128, rows=4, stages=4, kernel="wgmma")
 # block: the static list buffers and the per-block reserve)
 WAVE_SMS = 132
 MAX_KSPLIT = 8
+MIN_SPLIT_STEPS = 16
 SM_SHARED_BYTES = 228 * 1024
 # Up to this many tokens a per-tile gemm_mn block sorts its group's tokens itself (a ballot over the group's mask
 # column), so no mask reorder launches in front of it; past it each block would read n mask entries
@@ -640,17 +641,18 @@ def _persistent_mn_body(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: 
     return body
 
 
-def gemm_k_splits(tiles, col_blocks: int, knobs: TileKnobs):
+def gemm_k_splits(tiles, col_blocks: int, k_steps: int, knobs: TileKnobs):
     """Blocks splitting gemm_k's K for `tiles` token tiles (an int, or the kernel's int32 PrimExpr) of a GEMM of
     `k_steps` K steps: the knob's split, raised while tiles x col_blocks x splits blocks still run in one wave, so
     that a bucket's smaller counts (129-256 tokens of the <= 512 bucket: 2 token tiles) still fill the GPU; raised
     up to MAX_KSPLIT, and only as far as every split keeps MIN_SPLIT_STEPS steps (O's 64 steps: 4 splits; more made
     its 33-64 tokens slower on the H200). The knob is the split at the bucket's larger counts."""
+    top = max(knobs.ksplit, min(MAX_KSPLIT, k_steps // MIN_SPLIT_STEPS))
     per_sm = max(1, SM_SHARED_BYTES // (ring_bytes(knobs, 64 * knobs.rows) + 2048))
     fill = WAVE_SMS * per_sm // (tiles * col_blocks)
     if isinstance(fill, int):
-        return max(knobs.ksplit, min(MAX_KSPLIT, fill))
-    return T.max(knobs.ksplit, T.min(MAX_KSPLIT, fill))
+        return max(knobs.ksplit, min(top, fill))
+    return T.max(knobs.ksplit, T.min(top, fill))
 
 
 def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WGMMA_TILES):
@@ -745,7 +747,7 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
 
     def splits(n):
         """Blocks splitting K at n tokens (int32): gemm_k_splits of the token tiles."""
-        return gemm_k_splits((nn(n) + BT - 1) // BT, N // NB, knobs)
+        return gemm_k_splits((nn(n) + BT - 1) // BT, N // NB, (G * gs + KSTEP - 1) // KSTEP, knobs)
 
     @T.macro
     def main_pass(a, w, mask, used, out, ws, n):

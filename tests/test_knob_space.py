@@ -371,9 +371,9 @@ def test_records_keep_their_meaning_when_a_candidate_list_changes(tmp_path, monk
     assert kernel_knobs.load(str(tmp_path))[task.key]["cpu"] == [None, None, {"bm": 4, "bn": 64}]
 
 
-def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path):
+def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path, monkeypatch):
     """tools/restamp_records.py: the kernel hashes it compares are the same for the same code and differ between
-    knob values; `--write` gives today's stamp to exactly the records its report names; `package_at` lays out an
+    knob values; `--only` builds only the records of the tasks it names; `--write` gives today's stamp to exactly the records its report names; `package_at` lays out an
     importable package of a git revision."""
     import importlib.util
     import json
@@ -402,6 +402,11 @@ def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path):
     again = restamp.collect(restamp.kernel_hashes(folder, old), "today's code")
     assert first == again and sorted(first) == ["0", "1"] and first["0"][2] != first["1"][2]
     assert restamp.collect(restamp.kernel_hashes(folder, "0" * 16), "today's code") == {}
+    monkeypatch.setenv("WIDE_RESTAMP_ONLY", "/tile")  # what --only sets: this cpu task's records are not built
+    assert restamp.collect(restamp.kernel_hashes(folder, old), "today's code") == {}
+    monkeypatch.setenv("WIDE_RESTAMP_ONLY", "gemm_k/g4x32/d64/float32/cpu2")
+    assert restamp.collect(restamp.kernel_hashes(folder, old), "today's code") == first
+    monkeypatch.delenv("WIDE_RESTAMP_ONLY")
     first_secs = float(task_records(folder)[0][1].run_secs[0])
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"same": [0]}))

@@ -70,24 +70,29 @@ def test_wgmma_tiles_and_shared_memory():
 
 def test_gemm_k_split_follows_the_token_count():
     """The wgmma gemm_k splits K over more blocks than its knob says where few token tiles would leave SMs idle (a
-    wave: 132 SMs x the blocks an SM's shared memory holds), up to MAX_KSPLIT; the kernel computes the same count
-    at run time as the Python rule."""
+    wave: 132 SMs x the blocks an SM's shared memory holds), up to MAX_KSPLIT and to MIN_SPLIT_STEPS K steps a
+    split; the kernel computes the same count at run time as the Python rule."""
     from tvm import sym
 
-    from wide_tvm.schedules.wgmma_gemm import MAX_KSPLIT, gemm_k_splits
+    from wide_tvm.schedules.wgmma_gemm import MAX_KSPLIT, MIN_SPLIT_STEPS, gemm_k_splits
 
     down_512 = tile_knob(["wgmma", 128, 4, 4, 2])  # 192 KB ring: one block an SM; 16 column blocks of 256
-    assert [gemm_k_splits(t, 16, down_512) for t in (1, 2, 3, 4, 8, 32)] == [MAX_KSPLIT, 4, 2, 2, 2, 2]
+    assert [gemm_k_splits(t, 16, 224, down_512) for t in (1, 2, 3, 4, 8, 32)] == [MAX_KSPLIT, 4, 2, 2, 2, 2]
     o_128 = tile_knob(["wgmma", 64, 2, 4, 4])  # 97 KB ring: two blocks an SM; 32 column blocks of 128
-    assert [gemm_k_splits(t, 32, o_128) for t in (1, 2, 4)] == [8, 4, 4]
-    assert gemm_k_splits(40, 16, WGMMA_TILES) == 1  # many tiles: the knob's split
+    assert [gemm_k_splits(t, 32, 224, o_128) for t in (1, 2, 4)] == [8, 4, 4]
+    assert MIN_SPLIT_STEPS == 16 and gemm_k_splits(1, 32, 64, o_128) == 4  # O's 64 K steps: 4 splits of 16 at most
+    assert gemm_k_splits(1, 32, 64, tile_knob(["wgmma", 64, 2, 4])) == 4 and gemm_k_splits(1, 32, 16, o_128) == 4
+    assert gemm_k_splits(40, 16, 224, WGMMA_TILES) == 1  # many tiles: the knob's split
     analyzer = sym.Analyzer()
     for tiles in (1, 2, 3, 4, 32):  # the kernel's expression (int32 PrimExprs), folded
-        assert int(analyzer.simplify(gemm_k_splits(tvm.tirx.IntImm("int32", tiles), 16, down_512))) == \
-            gemm_k_splits(tiles, 16, down_512)
+        for steps in (64, 224):
+            assert int(analyzer.simplify(gemm_k_splits(tvm.tirx.IntImm("int32", tiles), 16, steps, down_512))) == \
+                gemm_k_splits(tiles, 16, steps, down_512)
     # no split at all (one block per tile and column block, no partials launch) only where the count allows it
     script = gemm_k(112, 128, 4096, "float16", "tc", "cuda", tile_knobs=(WGMMA_TILES,) * 3).script()
     assert "T.max(1, T.min(8," in script.replace("T.int32(", "(")
+    script = gemm_k(8, 512, 4096, "float16", "tc", "cuda", tile_knobs=(WGMMA_TILES,) * 3).script()
+    assert "T.max(1, T.min(4," in script.replace("T.int32(", "(")
 
 
 def test_hopper_targets_get_wgmma():

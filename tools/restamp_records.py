@@ -101,13 +101,19 @@ def compare(folder: str, since: str) -> tuple[set[int], dict[str, str]]:
         old, new, lists = {}, {}, {}
         for space, stamp in zip(("cpu", "decode", "tile"), probe):
             if stamp != code_version(space):
-                found = collect(kernel_hashes(folder, stamp, old_root), f"{since}'s code")
+                # both builds at once (two processes); today's again with the old lists if some records need them
+                before, today = kernel_hashes(folder, stamp, old_root), kernel_hashes(folder, stamp)
+                found = collect(before, f"{since}'s code")
                 old |= found
                 given = {i: r[3] for i, r in found.items() if r[3] is not None}
                 lists |= given
-                with open(os.path.join(tmp, f"lists_{space}.json"), "w") as f:
-                    json.dump(given, f)
-                new |= collect(kernel_hashes(folder, stamp, choices=f.name), "today's code")
+                if given:
+                    today.kill()
+                    today.communicate()
+                    with open(os.path.join(tmp, f"lists_{space}.json"), "w") as f:
+                        json.dump(given, f)
+                    today = kernel_hashes(folder, stamp, choices=f.name)
+                new |= collect(today, "today's code")
     same = {int(i) for i, r in old.items() if new[i][2] == r[2]}
     print(f"{len(old)} records stamped by {since}'s code: {len(same)} build the same kernel today, "
           f"{len(old) - len(same)} do not; {len(lists)} get their candidate lists stored")

@@ -8,7 +8,11 @@ steps through an S-deep cp.async ring in dynamic shared memory, both operands K-
 * activations, 16 bytes a copy; a row whose token skips the step's group is zero-filled by the copy itself
   (src-size 0: nothing read), so the wgmmas need no per-token test (intra-block skipping on the load);
 * weights: the "tc" layout's 16-byte vectors are 8 consecutive K of one row (wide_tvm/weight_layout.py), so
-  they land in the swizzled tile unchanged, and the decode kernels and these share one stored weight.
+  they land in the swizzled tile unchanged, and the decode kernels and these share one stored weight. In
+  gemm_k, where a K step is one group's (groups of 64 K or more) and every thread copies, one thread instead
+  brings the step's whole weight tile with one TMA (a 4-D box of the "tc" layout, as two 64-byte-swizzled 32 K
+  halves) that completes on the slot's mbarrier: two thirds of the copies a thread issued are gone (on the
+  H200, down at 4096 tokens 947 -> 798 us).
 
 Step s issues its four wgmmas asynchronously and waits only for step s - 1's (wgmma.wait_group 1), so the tensor
 cores do not drain between steps. Two ways to feed the ring (knob `producer`):
@@ -44,8 +48,10 @@ from .tile_gemm import TILE_BUCKETS, TileKnobs, check_tile_knobs
 hopper_device_code()  # these kernels need sm_90a device code, whichever way an sm_90 target reaches the compiler
 
 KSTEP = 64  # K per ring stage: one 128-byte swizzle span of fp16
-SWIZZLE_128B = 3  # the descriptor's swizzle code for 128 bytes
+SWIZZLE_128B, SWIZZLE_64B = 3, 2  # swizzle codes (CUtensorMapSwizzle) of the wgmma descriptors and the TMA
+TMA_L2_256B = 3  # CUtensorMapL2promotion: the TMA's L2 fills in 256 bytes
 SBO_16B = 1024 // 16  # descriptor stride between 8-row core-matrix groups, in 16-byte units
+SBO_HALF_16B = 512 // 16  # ... of a 64-byte-swizzled tile (rows of 32 K: the TMA weight halves)
 ALIGN = 1024  # bytes: a 128-byte-swizzled tile starts on an 8-row x 128-byte boundary
 MBARRIER_BYTES = 8  # one mbarrier; a warp-specialised ring has two a stage (full, empty), past the stages
 # 2 warpgroups x N 256 (rows x 64), a 4-deep ring: 192 KB of shared memory, one block per SM
@@ -157,35 +163,45 @@ def _tc_vector(row, chunk, unit):
 
 
 @T.macro
-def _encode_descriptors(xs, base, desc, tid, a_bytes):
-    """desc[0]: this warpgroup's 64 activation rows in ring slot 0; desc[1]: the weight tile in slot 0."""
+def _encode_descriptors(xs, base, desc, tid, a_bytes, b_halves=False):
+    """desc[0]: this warpgroup's 64 activation rows in ring slot 0; desc[1]: the weight tile in slot 0 (128-byte
+    swizzled rows of 64 K, or with `b_halves` two 64-byte-swizzled halves of 32 K rows: the TMA weight tile)."""
     T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[0]), xs.ptr_to([(base[0] + tid // 128 * 64 * 128) // 2]),
                                           1, SBO_16B, SWIZZLE_128B)
-    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[1]), xs.ptr_to([(base[0] + a_bytes) // 2]),
-                                          1, SBO_16B, SWIZZLE_128B)
+    if b_halves:
+        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[1]), xs.ptr_to([(base[0] + a_bytes) // 2]),
+                                              1, SBO_HALF_16B, SWIZZLE_64B)
+    else:
+        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[1]), xs.ptr_to([(base[0] + a_bytes) // 2]),
+                                              1, SBO_16B, SWIZZLE_128B)
 
 
-def _wgmma_step(acc, nb: int, desc, s, S: int, stage: int):
-    """Macro body of K step s: fence, the four k16 wgmmas of ring slot s % S, commit (not waited for)."""
+def _wgmma_step(acc, nb: int, desc, s, S: int, stage: int, b_halves: bool = False):
+    """Macro body of K step s: fence, the four k16 wgmmas of ring slot s % S, commit (not waited for). With
+    `b_halves` the weight tile is two nb x 32 K halves (k16 steps 2 and 3 in the second)."""
+
+    def b_off(kk):
+        return kk % 2 * 32 + kk // 2 * nb * 64 if b_halves else kk * 32
 
     @T.macro
     def step():
         T.ptx["wgmma.fence.sync.aligned"]()
         for kk in T.unroll(KSTEP // 16):  # descriptors advance 32 bytes per k16 inside the swizzle span
             T.evaluate(_wgmma(acc, nb, desc[0] + T.Cast("uint64", (s % S * stage + kk * 32) // 16),
-                              desc[1] + T.Cast("uint64", (s % S * stage + kk * 32) // 16)))
+                              desc[1] + T.Cast("uint64", (s % S * stage + b_off(kk)) // 16)))
         T.ptx["wgmma.commit_group.sync.aligned"]()
 
     return step
 
 
-def wgmma_mainloop(knobs: TileKnobs, nb: int, issue):
+def wgmma_mainloop(knobs: TileKnobs, nb: int, issue, landed=None):
     """Macro (xs, base, desc, acc, nsteps, tid, *args): zero acc, then the K loop over `nsteps` steps with the
     kernel's `issue(step, slot, nsteps, xs, base, *args)` (cp.async one step's activation and weight tiles into
     ring slot `slot`, or an empty group past the last). xs: the dynamic shared ring; base: a local int32 [1] for its
     1024-aligned start; desc: a local uint64 [2] for the descriptors of this warpgroup's activation rows and of
     the weights in slot 0. With producer warps (`knobs.producer`) only they call `issue`, and only the
-    warpgroups' acc holds the result."""
+    warpgroups' acc holds the result. `landed(s, *args)`, if given, waits for step s's weight tile, which a TMA
+    brings in two 64-byte-swizzled halves (_weight_tensor_map), on its mbarrier before step s's block barrier."""
     if knobs.producer:
         return _specialised_mainloop(knobs, nb, issue)
     S = knobs.stages
@@ -194,17 +210,19 @@ def wgmma_mainloop(knobs: TileKnobs, nb: int, issue):
     @T.macro
     def run(xs, base, desc, acc, nsteps, tid, *args):
         base[0] = _aligned_start(xs)
-        _encode_descriptors(xs, base, desc, tid, ring.a_bytes)
+        _encode_descriptors(xs, base, desc, tid, ring.a_bytes, landed is not None)
         for a in T.unroll(nb // 2):
             acc[a] = T.float32(0)
         for st in T.unroll(S - 2):
             issue(st, st % S, nsteps, xs, base, *args)
         for s in range(nsteps):
             T.ptx["cp.async.wait_group"](S - 3)  # this thread's copies of step s landed
+            if landed is not None:
+                landed(s, *args)
             T.ptx["fence.proxy.async.shared::cta"]()  # ... and are visible to wgmma (the async proxy)
             T.tvm_storage_sync("shared")  # everyone's; and step s - 2's wgmmas are done everywhere
             issue(s + S - 2, (s + S - 2) % S, nsteps, xs, base, *args)
-            _wgmma_step(acc, nb, desc, s, S, ring.stage)()
+            _wgmma_step(acc, nb, desc, s, S, ring.stage, landed is not None)()
             T.ptx["wgmma.wait_group.sync.aligned"](1)
         T.ptx["wgmma.wait_group.sync.aligned"](0)
         T.ptx["cp.async.wait_group"](0)  # no copy outlives the kernel (the last ones were empty groups)
@@ -670,6 +688,11 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
     CA = BT * 8 // COPIERS
     CB = NB * 8 // COPIERS
     BITS = G + 1 + WARPS  # where the token bit sets start in the shared list buffer
+    # weight tiles by TMA where a step is one group's (one 4-D box of the "tc" layout: _weight_tensor_map), with
+    # every thread copying (the producer warps' ring keeps cp.async); the activations stay cp.async (a row whose
+    # token skips the group is zero-filled: O's operand is not zero there)
+    tma = gs % KSTEP == 0 and not knobs.producer
+    tmap = T.Var("w_tensormap", T.handle("tensormap").ty)
 
     def nn(n):
         return T.Cast("int32", n)
@@ -699,6 +722,14 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                 w.ptr_to([(bx * NB + (c * COPIERS + ct) // 8) // ROWS,
                           _tc_vector(bx * NB + (c * COPIERS + ct) // 8, k0(sused, step) // 32 + ct % 8 // 4,
                                      ct % 8)]), 16, T.uint32(16))
+
+        @T.macro
+        def tma_w(xs, base, slot, tbar, sused, step, bx):
+            """The step's whole NB x 64 weight tile, one TMA issued by one thread, landing on slot's mbarrier."""
+            T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](tbar.ptr_to([slot]), T.uint32(NB * KSTEP * 2))
+            T.ptx["cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"](
+                xs.ptr_to([(base[0] + slot * STAGE + A_BYTES) // 2]), T.address_of(tmap), 0, 0, bx * (NB // ROWS),
+                k0(sused, step) // 32, tbar.ptr_to([slot]))
     else:  # groups of half a step (32 K): a step packs GPS = 2 listed groups side by side in its K
         GPS, UPG = KSTEP // gs, gs // 8  # listed groups per step, 16-byte units per group
 
@@ -733,17 +764,26 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                 T.Select(listed(step, ct) < sused[G], T.uint32(16), T.uint32(0)))
 
     @T.macro
-    def issue(step, slot, nsteps, xs, base, a, w, sused, first, bt, bx, ct, n):
+    def issue(step, slot, nsteps, xs, base, a, w, tbar, sused, first, bt, bx, ct, n):
         """Copier ct's copies of step `step` of this block's share (which starts at listed step first[0]) into ring
-        slot `slot`."""
+        slot `slot` (tbar: the TMA mbarriers, a slot each)."""
         if step < nsteps:
             for c in T.unroll(CA):
                 copy_a(xs, base, slot, a, sused, first[0] + step, bt, c, ct, n)
-            for c in T.unroll(CB):
-                copy_w(xs, base, slot, w, sused, first[0] + step, bx, c, ct)
+            if tma:
+                if ct == 0:
+                    tma_w(xs, base, slot, tbar, sused, first[0] + step, bx)
+            else:
+                for c in T.unroll(CB):
+                    copy_w(xs, base, slot, w, sused, first[0] + step, bx, c, ct)
         T.ptx["cp.async.commit_group"]()
 
-    run = wgmma_mainloop(knobs, NB, issue)
+    @T.macro
+    def landed(s, a, w, tbar, sused, first, bt, bx, ct, n):
+        """Step s's TMA weight tile is in its slot (the slot's use s // S completes phase s // S % 2)."""
+        T.cuda.mbarrier_wait(tbar.ptr_to([s % S]), s // S % 2)
+
+    run = wgmma_mainloop(knobs, NB, issue, landed if tma else None)
 
     def splits(n):
         """Blocks splitting K at n tokens (int32): gemm_k_splits of the token tiles."""
@@ -757,6 +797,10 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
             for by in T.thread_binding(N // NB * splits(n), thread="blockIdx.y"):  # column block x splits + split
                 xs = T.decl_buffer((ring_bytes(knobs, NB) // 2,), "float16", scope="shared.dyn")
                 sused = T.decl_buffer((BITS + bit_words(BT) * (G + 1),), "int32", scope="shared")
+                if tma:
+                    tbar = T.decl_buffer((S,), "uint64", scope="shared")
+                else:
+                    tbar = sused  # (not read)
                 for tid in T.thread_binding(THREADS, thread="threadIdx.x"):
                     _used_groups(mask, sused, n, tid // 32, tid % 32, G, WARPS, BT, BITS, bt * BT)
                     acc = T.decl_buffer((NB // 2,), "float32", scope="local")
@@ -770,7 +814,12 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                     sp[2] = by // sp[0]
                     first[0] = steps(sused) * sp[1] // sp[0]
                     nst[0] = steps(sused) * (sp[1] + 1) // sp[0] - first[0]
-                    run(xs, base, desc, acc, nst[0], tid, a, w, sused, first, bt, sp[2], tid - ring.copier0, n)
+                    if tma:
+                        if tid == 0:
+                            for i in T.unroll(S):
+                                T.ptx["mbarrier.init.shared::cta.b64"](tbar.ptr_to([i]), 1)  # the TMA thread's arrive
+                            T.ptx["fence.mbarrier_init.release.cluster"]()  # ... before the TMA unit completes on them
+                    run(xs, base, desc, acc, nst[0], tid, a, w, tbar, sused, first, bt, sp[2], tid - ring.copier0, n)
                     if tid < ring.consumers:  # the warpgroups (always, without producer warps)
                         for j in T.unroll(NB // 8):
                             for e in T.unroll(4):
@@ -784,6 +833,8 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
 
     @T.macro
     def body(a, w, mask, used, out, n):
+        if tma:
+            _weight_tensor_map(tmap, w, G * gs, N, NB)
         # [splits, n, N] fp32 partials (one element, unused, when one block does a tile's whole K)
         ws = T.alloc_buffer((T.Select(splits(n) > 1, T.Cast("int64", splits(n)) * n * N, T.int64(1)),), "float32",
                             scope="global")
@@ -792,6 +843,19 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
             _sum_k_partials(ws, out, n, splits(n), N)
 
     return body
+
+
+@T.macro
+def _weight_tensor_map(tmap, w, k_dim: int, n_dim: int, nb: int):
+    """Host side: bind `tmap` to a TMA tensor map of the "tc" weight w [N / 16, 16 K] (wide_tvm/weight_layout.py)
+    whose box is one K step's nb x 64 tile as two halves of nb rows x 32 K, each 64-byte swizzled K-major (the
+    128-byte swizzle needs a 128-byte inner box, and a row's 64 K are not contiguous in "tc": its 32 K of a chunk
+    are). Dimensions, inner first: the 32 K of a (chunk, row) (64 contiguous bytes: lanes q, 8 elements each), the
+    row in its 16-row tile (64 bytes apart), the row tile (32 K bytes apart), the chunk (1 KB apart)."""
+    T.Bind(T.tvm_stack_alloca("tensormap", 1), var=tmap)
+    T.tensormap_encode_tiled(tmap, w.data, 32, ROWS, n_dim // ROWS, k_dim // 32, 64, ROWS * k_dim * 2, 1024,
+                             32, ROWS, nb // ROWS, 2, 1, 1, 1, 1, descriptor_dtype="float16", rank=4,
+                             swizzle=SWIZZLE_64B, l2_promotion=TMA_L2_256B)
 
 
 def _sum_k_partials(ws, out, n, splits, cols: int):

@@ -95,6 +95,49 @@ def test_gemm_k_split_follows_the_token_count():
     assert "T.max(1, T.min(4," in script.replace("T.int32(", "(")
 
 
+def _tensor_map_calls(func) -> list:
+    """The tensormap_encode_tiled calls of a PrimFunc, as lists of their int arguments after the two pointers."""
+    import re
+
+    return [[int(v) for v in m.split(", ")]
+            for m in re.findall(r"T\.tensormap_encode_tiled\(\w+, \w+\.data, ([\d, ]+), descriptor", func.script())]
+
+
+def test_gemm_k_weight_tensor_map_boxes_a_k_step_of_the_tc_layout():
+    """Where a gemm_k K step is one group's and every thread copies, its weight tile comes by TMA: one 4-D box of
+    the "tc" weight. Walking the encoded map (dimensions, byte strides, box) over a packed weight, as the TMA does,
+    gives the step's nb x 64 tile as two nb x 32 K halves; groups of 32 and the producer warps' ring keep cp.async."""
+    import numpy as np
+
+    from wide_tvm.weight_layout import pack
+
+    G, gs, N = 6, 128, 256
+    knobs = tile_knob(["wgmma", 128, 2, 4])  # nb = 128
+    (call,) = _tensor_map_calls(gemm_k(G, gs, N, "float16", "tc", "cuda", tile_knobs=(knobs,) * 3))
+    dims, strides, box, steps = call[0:4], [2] + call[4:7], call[7:11], call[11:15]
+    assert steps == [1, 1, 1, 1] and all(s % 16 == 0 for s in strides[1:])
+    w = np.random.default_rng(0).standard_normal((N, G * gs)).astype(np.float16)
+    flat = pack(w, "tc").reshape(-1)
+
+    def tile(coords):  # the box at `coords` (inner dimension first), in the order it lands in shared memory
+        idx = np.zeros(box[::-1], dtype=np.int64)
+        for d in range(4):
+            assert 0 <= coords[d] and coords[d] + box[d] <= dims[d]
+            shape = [1] * 4
+            shape[3 - d] = box[d]
+            idx = idx + (coords[d] + np.arange(box[d])).reshape(shape) * (strides[d] // 2)
+        return flat[idx]
+
+    for bx, k0 in ((0, 0), (1, 64), (1, 320), (0, G * gs - 64)):  # column block, first K of the step
+        got = tile([0, 0, bx * 128 // 16, k0 // 32])  # as tma_w addresses it
+        want = w[bx * 128:(bx + 1) * 128, k0:k0 + 64].reshape(128, 2, 32).transpose(1, 0, 2)
+        assert np.array_equal(got.reshape(2, 128, 32), want)
+    # no map (cp.async weights) for groups of 32 (two groups a step) or with producer warps
+    assert not _tensor_map_calls(gemm_k(5, 32, 256, "float16", "tc", "cuda", tile_knobs=(knobs,) * 3))
+    assert not _tensor_map_calls(gemm_k(G, gs, N, "float16", "tc", "cuda",
+                                        tile_knobs=(tile_knob(["wgmma", 128, 2, 4, 1, 1]),) * 3))
+
+
 def test_hopper_targets_get_wgmma():
     """Hopper stays sm_90 for TVM's own schedules (dlight reads "sm_90a" as no tensor cores) and gets sm_90a
     device code; other archs keep the mma.sync kernels."""
@@ -243,6 +286,9 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
         assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16" in src
     assert "wgmma.wait_group.sync.aligned 1;" in src and "fence.proxy.async.shared::cta;" in src
     assert "cp.async.cg.shared.global [%0], [%1], 16, %2;" in src and "extern __shared__" in src
+    # gemm_k's weight tiles by TMA (groups of 64 K or more, every thread copying): a tensor map kernel parameter
+    assert "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes" in src
+    assert "mbarrier.arrive.expect_tx.shared::cta.b64" in src and "const __grid_constant__ CUtensorMap" in src
     # warp-specialised variants: producer copies complete on mbarriers the warpgroups wait for
     assert "cp.async.mbarrier.arrive.noinc.shared::cta.b64" in src and "mbarrier.try_wait.parity" in src
     assert "__launch_bounds__(384)" in src  # 2 warpgroups + 4 producer warps

@@ -168,12 +168,9 @@ def _encode_descriptors(xs, base, desc, tid, a_bytes, b_halves=False):
     swizzled rows of 64 K, or with `b_halves` two 64-byte-swizzled halves of 32 K rows: the TMA weight tile)."""
     T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[0]), xs.ptr_to([(base[0] + tid // 128 * 64 * 128) // 2]),
                                           1, SBO_16B, SWIZZLE_128B)
-    if b_halves:
-        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[1]), xs.ptr_to([(base[0] + a_bytes) // 2]),
-                                              1, SBO_HALF_16B, SWIZZLE_64B)
-    else:
-        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[1]), xs.ptr_to([(base[0] + a_bytes) // 2]),
-                                              1, SBO_16B, SWIZZLE_128B)
+    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[1]), xs.ptr_to([(base[0] + a_bytes) // 2]), 1,
+                                          SBO_HALF_16B if b_halves else SBO_16B,
+                                          SWIZZLE_64B if b_halves else SWIZZLE_128B)
 
 
 def _wgmma_step(acc, nb: int, desc, s, S: int, stage: int, b_halves: bool = False):

@@ -373,8 +373,8 @@ def test_records_keep_their_meaning_when_a_candidate_list_changes(tmp_path, monk
 
 def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path, monkeypatch):
     """tools/restamp_records.py: the kernel hashes it compares are the same for the same code and differ between
-    knob values; `--only` builds only the records of the tasks it names; `--write` gives today's stamp to exactly the records its report names; `package_at` lays out an
-    importable package of a git revision."""
+    knob values; `--only` builds only the records of the tasks it names; `--write` gives today's stamp to exactly
+    the records its report names; `package_at` lays out an importable package of a git revision."""
     import importlib.util
     import json
     import os

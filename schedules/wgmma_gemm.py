@@ -9,10 +9,10 @@ steps through an S-deep cp.async ring in dynamic shared memory, both operands K-
   (src-size 0: nothing read), so the wgmmas need no per-token test (intra-block skipping on the load);
 * weights: the "tc" layout's 16-byte vectors are 8 consecutive K of one row (wide_tvm/weight_layout.py), so
   they land in the swizzled tile unchanged, and the decode kernels and these share one stored weight. In
-  gemm_k, where a K step is one group's (groups of 64 K or more) and every thread copies, one thread instead
-  brings the step's whole weight tile with one TMA (a 4-D box of the "tc" layout, as two 64-byte-swizzled 32 K
-  halves) that completes on the slot's mbarrier: two thirds of the copies a thread issued are gone (on the
-  H200, down at 4096 tokens 947 -> 798 us).
+  gemm_k, where every thread copies, one thread instead brings the step's whole weight tile by TMA (boxes of
+  the "tc" layout, as two 64-byte-swizzled 32 K halves: one box for a step of one group's, one a group for a
+  step of two groups of 32 K) that completes on the slot's mbarrier: two thirds of the copies a thread issued
+  are gone (on the H200, down at 4096 tokens 947 -> 798 us).
 
 Step s issues its four wgmmas asynchronously and waits only for step s - 1's (wgmma.wait_group 1), so the tensor
 cores do not drain between steps. Two ways to feed the ring (knob `producer`):
@@ -685,10 +685,10 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
     CA = BT * 8 // COPIERS
     CB = NB * 8 // COPIERS
     BITS = G + 1 + WARPS  # where the token bit sets start in the shared list buffer
-    # weight tiles by TMA where a step is one group's (one 4-D box of the "tc" layout: _weight_tensor_map), with
-    # every thread copying (the producer warps' ring keeps cp.async); the activations stay cp.async (a row whose
-    # token skips the group is zero-filled: O's operand is not zero there)
-    tma = gs % KSTEP == 0 and not knobs.producer
+    # weight tiles by TMA (boxes of the "tc" layout: _weight_tensor_map) with every thread copying (the producer
+    # warps' ring keeps cp.async): a step of one group's is one box, a step of two groups of 32 K one box a group;
+    # the activations stay cp.async (a row whose token skips the group is zero-filled: O's operand is not zero there)
+    tma = not knobs.producer
     tmap = T.Var("w_tensormap", T.handle("tensormap").ty)
 
     def nn(n):
@@ -749,6 +749,17 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                 16, T.Select(listed(step, ct) < sused[G]
                              and token_runs(sused, BITS, G, T.min(listed(step, ct), sused[G] - 1),
                                             (c * COPIERS + ct) // 8) != 0, T.uint32(16), T.uint32(0)))
+
+        @T.macro
+        def tma_w(xs, base, slot, tbar, sused, step, bx):
+            """The step's GPS groups' NB x 32 weight slices (a chunk of the "tc" layout each), one TMA each into the
+            tile's halves, landing on slot's mbarrier; past the used list the last listed group's again (finite: its
+            activations there are zero-filled)."""
+            T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](tbar.ptr_to([slot]), T.uint32(NB * KSTEP * 2))
+            for h in T.unroll(GPS):
+                T.ptx["cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"](
+                    xs.ptr_to([(base[0] + slot * STAGE + A_BYTES + h * NB * 64) // 2]), T.address_of(tmap), 0, 0,
+                    bx * (NB // ROWS), sused[T.min(step * GPS + h, sused[G] - 1)] * gs // 32, tbar.ptr_to([slot]))
 
         @T.macro
         def copy_w(xs, base, slot, w, sused, step, bx, c, ct):
@@ -831,7 +842,7 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
     @T.macro
     def body(a, w, mask, used, out, n):
         if tma:
-            _weight_tensor_map(tmap, w, G * gs, N, NB)
+            _weight_tensor_map(tmap, w, G * gs, N, NB, 2 if gs % KSTEP == 0 else 1)
         # [splits, n, N] fp32 partials (one element, unused, when one block does a tile's whole K)
         ws = T.alloc_buffer((T.Select(splits(n) > 1, T.Cast("int64", splits(n)) * n * N, T.int64(1)),), "float32",
                             scope="global")
@@ -843,15 +854,16 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
 
 
 @T.macro
-def _weight_tensor_map(tmap, w, k_dim: int, n_dim: int, nb: int):
+def _weight_tensor_map(tmap, w, k_dim: int, n_dim: int, nb: int, chunks: int = 2):
     """Host side: bind `tmap` to a TMA tensor map of the "tc" weight w [N / 16, 16 K] (wide_tvm/weight_layout.py)
-    whose box is one K step's nb x 64 tile as two halves of nb rows x 32 K, each 64-byte swizzled K-major (the
+    whose box is one K step's nb x 64 tile as two halves of nb rows x 32 K (`chunks` 2; 1: one half, the slice of
+    a group of 32 K), each 64-byte swizzled K-major (the
     128-byte swizzle needs a 128-byte inner box, and a row's 64 K are not contiguous in "tc": its 32 K of a chunk
     are). Dimensions, inner first: the 32 K of a (chunk, row) (64 contiguous bytes: lanes q, 8 elements each), the
     row in its 16-row tile (64 bytes apart), the row tile (32 K bytes apart), the chunk (1 KB apart)."""
     T.Bind(T.tvm_stack_alloca("tensormap", 1), var=tmap)
     T.tensormap_encode_tiled(tmap, w.data, 32, ROWS, n_dim // ROWS, k_dim // 32, 64, ROWS * k_dim * 2, 1024,
-                             32, ROWS, nb // ROWS, 2, 1, 1, 1, 1, descriptor_dtype="float16", rank=4,
+                             32, ROWS, nb // ROWS, chunks, 1, 1, 1, 1, descriptor_dtype="float16", rank=4,
                              swizzle=SWIZZLE_64B, l2_promotion=TMA_L2_256B)
 
 

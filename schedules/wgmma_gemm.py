@@ -191,7 +191,7 @@ def _wgmma_step(acc, nb: int, desc, s, S: int, stage: int, b_halves: bool = Fals
     return step
 
 
-def wgmma_mainloop(knobs: TileKnobs, nb: int, issue, landed=None):
+def wgmma_mainloop(knobs: TileKnobs, nb: int, issue, landed=None, lookahead=None):
     """Macro (xs, base, desc, acc, nsteps, tid, *args): zero acc, then the K loop over `nsteps` steps with the
     kernel's `issue(step, slot, nsteps, xs, base, *args)` (cp.async one step's activation and weight tiles into
     ring slot `slot`, or an empty group past the last). xs: the dynamic shared ring; base: a local int32 [1] for its
@@ -211,7 +211,11 @@ def wgmma_mainloop(knobs: TileKnobs, nb: int, issue, landed=None):
         for a in T.unroll(nb // 2):
             acc[a] = T.float32(0)
         for st in T.unroll(S - 2):
+            if lookahead is not None:
+                lookahead(st, *args)
             issue(st, st % S, nsteps, xs, base, *args)
+        if lookahead is not None:
+            lookahead(S - 2, *args)
         for s in range(nsteps):
             T.ptx["cp.async.wait_group"](S - 3)  # this thread's copies of step s landed
             if landed is not None:
@@ -221,6 +225,8 @@ def wgmma_mainloop(knobs: TileKnobs, nb: int, issue, landed=None):
             issue(s + S - 2, (s + S - 2) % S, nsteps, xs, base, *args)
             _wgmma_step(acc, nb, desc, s, S, ring.stage, landed is not None)()
             T.ptx["wgmma.wait_group.sync.aligned"](1)
+            if lookahead is not None:  # the next issue's operands, loaded while this thread waits for step s + 1
+                lookahead(s + S - 1, *args)
         T.ptx["wgmma.wait_group.sync.aligned"](0)
         T.ptx["cp.async.wait_group"](0)  # no copy outlives the kernel (the last ones were empty groups)
 
@@ -691,11 +697,16 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
     tma = not knobs.producer
     tmap = T.Var("w_tensormap", T.handle("tensormap").ty)
 
+    # the copies' list entries (group, token bits) loaded into registers a step ahead (lookahead), off the path from
+    # the block barrier to the wgmmas: groups of whole K steps, every thread copying
+    ahead = not knobs.producer
+
     def nn(n):
         return T.Cast("int32", n)
 
     if gs % KSTEP == 0:  # a listed group is SPG whole K steps
         SPG = gs // KSTEP
+        PRE = 1 + CA  # lookahead's entries: the step's group, a token bit word a copy
 
         def k0(sused, step):
             """First K of step `step` (through the listed groups)."""
@@ -705,11 +716,29 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
             return sused[G] * SPG
 
         @T.macro
+        def lookahead(step, a, w, tbar, sused, pre, first, bt, bx, ct, n):
+            """pre[0]: the group of this block's step `step`, pre[1 + c]: the token bit word of copy c's row
+            (clamped past the list: those steps copy nothing)."""
+            pre[0] = sused[T.min((first[0] + step) // SPG, G)]
+            for c in T.unroll(CA):
+                pre[1 + c] = sused[BITS + (c * COPIERS + ct) // 8 // 32 * (G + 1) + T.min((first[0] + step) // SPG, G)]
+
+        @T.macro
         def copy_a(xs, base, slot, a, sused, step, bt, c, ct, n):
             T.ptx["cp.async.cg.shared.global"](
                 _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
                 a.ptr_to([T.min(bt * BT + (c * COPIERS + ct) // 8, nn(n) - 1), k0(sused, step) + ct % 8 * 8]),
                 16, T.Select(token_runs(sused, BITS, G, step // SPG, (c * COPIERS + ct) // 8) != 0,
+                             T.uint32(16), T.uint32(0)))
+
+        @T.macro
+        def copy_a_ahead(xs, base, slot, a, pre, step, bt, c, ct, n):
+            """copy_a from the entries lookahead loaded."""
+            T.ptx["cp.async.cg.shared.global"](
+                _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
+                a.ptr_to([T.min(bt * BT + (c * COPIERS + ct) // 8, nn(n) - 1),
+                          pre[0] * gs + step % SPG * KSTEP + ct % 8 * 8]),
+                16, T.Select(T.bitwise_and(T.shift_right(pre[1 + c], (c * COPIERS + ct) // 8 % 32), 1) != 0,
                              T.uint32(16), T.uint32(0)))
 
         @T.macro
@@ -721,14 +750,16 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                                      ct % 8)]), 16, T.uint32(16))
 
         @T.macro
-        def tma_w(xs, base, slot, tbar, sused, step, bx):
-            """The step's whole NB x 64 weight tile, one TMA issued by one thread, landing on slot's mbarrier."""
+        def tma_w(xs, base, slot, tbar, pre, step, bx):
+            """The step's whole NB x 64 weight tile, one TMA issued by one thread, landing on slot's mbarrier (its
+            group from lookahead's pre[0]: a step's TMA runs only without producer warps, and with lookahead)."""
             T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](tbar.ptr_to([slot]), T.uint32(NB * KSTEP * 2))
             T.ptx["cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"](
                 xs.ptr_to([(base[0] + slot * STAGE + A_BYTES) // 2]), T.address_of(tmap), 0, 0, bx * (NB // ROWS),
-                k0(sused, step) // 32, tbar.ptr_to([slot]))
+                (pre[0] * gs + step % SPG * KSTEP) // 32, tbar.ptr_to([slot]))
     else:  # groups of half a step (32 K): a step packs GPS = 2 listed groups side by side in its K
         GPS, UPG = KSTEP // gs, gs // 8  # listed groups per step, 16-byte units per group
+        PRE = GPS + CA  # lookahead's entries: the step's groups, a token bit word a copy
 
         def listed(step, ct):
             """Index in the used list of the group copier ct's 16-byte unit of step `step` belongs to."""
@@ -750,16 +781,40 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                              and token_runs(sused, BITS, G, T.min(listed(step, ct), sused[G] - 1),
                                             (c * COPIERS + ct) // 8) != 0, T.uint32(16), T.uint32(0)))
 
+        def last_listed(sused, i):
+            """Listed group i, or the last listed one past the list (clamped into the list buffer)."""
+            return T.max(T.min(i, sused[G] - 1), 0)
+
         @T.macro
-        def tma_w(xs, base, slot, tbar, sused, step, bx):
+        def lookahead(step, a, w, tbar, sused, pre, first, bt, bx, ct, n):
+            """pre[h]: the step's listed groups (h < GPS; past the list the last listed one), pre[GPS + c]: the token
+            bit word of copy c's row in this copier's group (0 past the list: nothing to copy)."""
+            for h in T.unroll(GPS):
+                pre[h] = sused[last_listed(sused, (first[0] + step) * GPS + h)]
+            for c in T.unroll(CA):
+                pre[GPS + c] = T.Select(listed(first[0] + step, ct) < sused[G], sused[
+                    BITS + (c * COPIERS + ct) // 8 // 32 * (G + 1) + last_listed(sused, listed(first[0] + step, ct))],
+                    0)
+
+        @T.macro
+        def copy_a_ahead(xs, base, slot, a, pre, step, bt, c, ct, n):
+            """copy_a from the entries lookahead loaded."""
+            T.ptx["cp.async.cg.shared.global"](
+                _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
+                a.ptr_to([T.min(bt * BT + (c * COPIERS + ct) // 8, nn(n) - 1), pre[ct % 8 // UPG] * gs + ct % 8 % UPG * 8]),
+                16, T.Select(T.bitwise_and(T.shift_right(pre[GPS + c], (c * COPIERS + ct) // 8 % 32), 1) != 0,
+                             T.uint32(16), T.uint32(0)))
+
+        @T.macro
+        def tma_w(xs, base, slot, tbar, pre, step, bx):
             """The step's GPS groups' NB x 32 weight slices (a chunk of the "tc" layout each), one TMA each into the
             tile's halves, landing on slot's mbarrier; past the used list the last listed group's again (finite: its
-            activations there are zero-filled)."""
+            activations there are zero-filled). The groups from lookahead's pre."""
             T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](tbar.ptr_to([slot]), T.uint32(NB * KSTEP * 2))
             for h in T.unroll(GPS):
                 T.ptx["cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"](
                     xs.ptr_to([(base[0] + slot * STAGE + A_BYTES + h * NB * 64) // 2]), T.address_of(tmap), 0, 0,
-                    bx * (NB // ROWS), sused[T.min(step * GPS + h, sused[G] - 1)] * gs // 32, tbar.ptr_to([slot]))
+                    bx * (NB // ROWS), pre[h] * gs // 32, tbar.ptr_to([slot]))
 
         @T.macro
         def copy_w(xs, base, slot, w, sused, step, bx, c, ct):
@@ -772,26 +827,30 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                 T.Select(listed(step, ct) < sused[G], T.uint32(16), T.uint32(0)))
 
     @T.macro
-    def issue(step, slot, nsteps, xs, base, a, w, tbar, sused, first, bt, bx, ct, n):
+    def issue(step, slot, nsteps, xs, base, a, w, tbar, sused, pre, first, bt, bx, ct, n):
         """Copier ct's copies of step `step` of this block's share (which starts at listed step first[0]) into ring
-        slot `slot` (tbar: the TMA mbarriers, a slot each)."""
+        slot `slot` (tbar: the TMA mbarriers, a slot each; pre: the list entries lookahead loaded, groups of whole
+        steps)."""
         if step < nsteps:
             for c in T.unroll(CA):
-                copy_a(xs, base, slot, a, sused, first[0] + step, bt, c, ct, n)
+                if ahead:
+                    copy_a_ahead(xs, base, slot, a, pre, first[0] + step, bt, c, ct, n)
+                else:
+                    copy_a(xs, base, slot, a, sused, first[0] + step, bt, c, ct, n)
             if tma:
                 if ct == 0:
-                    tma_w(xs, base, slot, tbar, sused, first[0] + step, bx)
+                    tma_w(xs, base, slot, tbar, pre, first[0] + step, bx)
             else:
                 for c in T.unroll(CB):
                     copy_w(xs, base, slot, w, sused, first[0] + step, bx, c, ct)
         T.ptx["cp.async.commit_group"]()
 
     @T.macro
-    def landed(s, a, w, tbar, sused, first, bt, bx, ct, n):
+    def landed(s, a, w, tbar, sused, pre, first, bt, bx, ct, n):
         """Step s's TMA weight tile is in its slot (the slot's use s // S completes phase s // S % 2)."""
         T.cuda.mbarrier_wait(tbar.ptr_to([s % S]), s // S % 2)
 
-    run = wgmma_mainloop(knobs, NB, issue, landed if tma else None)
+    run = wgmma_mainloop(knobs, NB, issue, landed if tma else None, lookahead if ahead else None)
 
     def splits(n):
         """Blocks splitting K at n tokens (int32): gemm_k_splits of the token tiles."""
@@ -827,7 +886,13 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                             for i in T.unroll(S):
                                 T.ptx["mbarrier.init.shared::cta.b64"](tbar.ptr_to([i]), 1)  # the TMA thread's arrive
                             T.ptx["fence.mbarrier_init.release.cluster"]()  # ... before the TMA unit completes on them
-                    run(xs, base, desc, acc, nst[0], tid, a, w, tbar, sused, first, bt, sp[2], tid - ring.copier0, n)
+                    if ahead:
+                        pre = T.decl_buffer((PRE,), "int32", scope="local")  # lookahead's list entries
+                        run(xs, base, desc, acc, nst[0], tid, a, w, tbar, sused, pre, first, bt, sp[2],
+                            tid - ring.copier0, n)
+                    else:  # (the producer warps read the list where they use it)
+                        run(xs, base, desc, acc, nst[0], tid, a, w, tbar, sused, sused, first, bt, sp[2],
+                            tid - ring.copier0, n)
                     if tid < ring.consumers:  # the warpgroups (always, without producer warps)
                         for j in T.unroll(NB // 8):
                             for e in T.unroll(4):

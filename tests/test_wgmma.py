@@ -103,19 +103,22 @@ def _tensor_map_calls(func) -> list:
             for m in re.findall(r"T\.tensormap_encode_tiled\(\w+, \w+\.data, ([\d, ]+), descriptor", func.script())]
 
 
-def test_gemm_k_weight_tensor_map_boxes_a_k_step_of_the_tc_layout():
-    """Where a gemm_k K step is one group's and every thread copies, its weight tile comes by TMA: one 4-D box of
-    the "tc" weight. Walking the encoded map (dimensions, byte strides, box) over a packed weight, as the TMA does,
-    gives the step's nb x 64 tile as two nb x 32 K halves; groups of 32 and the producer warps' ring keep cp.async."""
+@pytest.mark.parametrize("gs", [128, 32])
+def test_gemm_k_weight_tensor_map_boxes_a_k_step_of_the_tc_layout(gs):
+    """Where every gemm_k thread copies, its weight tiles come by TMA: boxes of the "tc" weight. Walking the encoded
+    map (dimensions, byte strides, box) over a packed weight, as the TMA does, gives the step's tile as nb x 32 K
+    halves: a step of one group's (groups of 64 K or more) is one box of both halves, a step of two groups of 32 K
+    one box of one half a group. The producer warps' ring keeps cp.async."""
     import numpy as np
 
     from wide_tvm.weight_layout import pack
 
-    G, gs, N = 6, 128, 256
+    G, N = 6, 256
+    chunks = 2 if gs % 64 == 0 else 1  # 32 K halves a box
     knobs = tile_knob(["wgmma", 128, 2, 4])  # nb = 128
     (call,) = _tensor_map_calls(gemm_k(G, gs, N, "float16", "tc", "cuda", tile_knobs=(knobs,) * 3))
     dims, strides, box, steps = call[0:4], [2] + call[4:7], call[7:11], call[11:15]
-    assert steps == [1, 1, 1, 1] and all(s % 16 == 0 for s in strides[1:])
+    assert steps == [1, 1, 1, 1] and all(s % 16 == 0 for s in strides[1:]) and box == [32, 16, 128 // 16, chunks]
     w = np.random.default_rng(0).standard_normal((N, G * gs)).astype(np.float16)
     flat = pack(w, "tc").reshape(-1)
 
@@ -128,12 +131,11 @@ def test_gemm_k_weight_tensor_map_boxes_a_k_step_of_the_tc_layout():
             idx = idx + (coords[d] + np.arange(box[d])).reshape(shape) * (strides[d] // 2)
         return flat[idx]
 
-    for bx, k0 in ((0, 0), (1, 64), (1, 320), (0, G * gs - 64)):  # column block, first K of the step
-        got = tile([0, 0, bx * 128 // 16, k0 // 32])  # as tma_w addresses it
-        want = w[bx * 128:(bx + 1) * 128, k0:k0 + 64].reshape(128, 2, 32).transpose(1, 0, 2)
-        assert np.array_equal(got.reshape(2, 128, 32), want)
-    # no map (cp.async weights) for groups of 32 (two groups a step) or with producer warps
-    assert not _tensor_map_calls(gemm_k(5, 32, 256, "float16", "tc", "cuda", tile_knobs=(knobs,) * 3))
+    for bx, k0 in ((0, 0), (1, 2 * gs), (1, (G - 3) * gs), (0, G * gs - 32 * chunks)):  # column block, first K
+        got = tile([0, 0, bx * 128 // 16, k0 // 32])  # as tma_w addresses it (k0: a step's, or a group's with 32)
+        want = w[bx * 128:(bx + 1) * 128, k0:k0 + 32 * chunks].reshape(128, chunks, 32).transpose(1, 0, 2)
+        assert np.array_equal(got.reshape(chunks, 128, 32), want)
+    # no map (cp.async weights) with producer warps
     assert not _tensor_map_calls(gemm_k(G, gs, N, "float16", "tc", "cuda",
                                         tile_knobs=(tile_knob(["wgmma", 128, 2, 4, 1, 1]),) * 3))
 
@@ -286,7 +288,7 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
         assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16" in src
     assert "wgmma.wait_group.sync.aligned 1;" in src and "fence.proxy.async.shared::cta;" in src
     assert "cp.async.cg.shared.global [%0], [%1], 16, %2;" in src and "extern __shared__" in src
-    # gemm_k's weight tiles by TMA (groups of 64 K or more, every thread copying): a tensor map kernel parameter
+    # gemm_k's weight tiles by TMA (every thread copying): a tensor map kernel parameter
     assert "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes" in src
     assert "mbarrier.arrive.expect_tx.shared::cta.b64" in src and "const __grid_constant__ CUtensorMap" in src
     # warp-specialised variants: producer copies complete on mbarriers the warpgroups wait for

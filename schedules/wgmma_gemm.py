@@ -698,8 +698,9 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
     tmap = T.Var("w_tensormap", T.handle("tensormap").ty)
 
     # the copies' list entries (group, token bits) loaded into registers a step ahead (lookahead), off the path from
-    # the block barrier to the wgmmas: groups of whole K steps, every thread copying
-    ahead = not knobs.producer
+    # the block barrier to the wgmmas, with every thread copying. Not for 64-token tiles of groups of 32: on the
+    # H200 it made those 5-15 % slower at 33-128 tokens (128-token tiles of them: 4-8 % faster)
+    ahead = not knobs.producer and (gs % KSTEP == 0 or BT == 128)
 
     def nn(n):
         return T.Cast("int32", n)
@@ -806,15 +807,17 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                              T.uint32(16), T.uint32(0)))
 
         @T.macro
-        def tma_w(xs, base, slot, tbar, pre, step, bx):
+        def tma_w(xs, base, slot, tbar, lists, step, bx):
             """The step's GPS groups' NB x 32 weight slices (a chunk of the "tc" layout each), one TMA each into the
             tile's halves, landing on slot's mbarrier; past the used list the last listed group's again (finite: its
-            activations there are zero-filled). The groups from lookahead's pre."""
+            activations there are zero-filled). The groups from lookahead's entries (lists: pre), or the list (lists:
+            sused) without lookahead."""
             T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](tbar.ptr_to([slot]), T.uint32(NB * KSTEP * 2))
             for h in T.unroll(GPS):
                 T.ptx["cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"](
                     xs.ptr_to([(base[0] + slot * STAGE + A_BYTES + h * NB * 64) // 2]), T.address_of(tmap), 0, 0,
-                    bx * (NB // ROWS), pre[h] * gs // 32, tbar.ptr_to([slot]))
+                    bx * (NB // ROWS), (lists[h] if ahead else lists[last_listed(lists, step * GPS + h)]) * gs // 32,
+                    tbar.ptr_to([slot]))
 
         @T.macro
         def copy_w(xs, base, slot, w, sused, step, bx, c, ct):
@@ -839,7 +842,7 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                     copy_a(xs, base, slot, a, sused, first[0] + step, bt, c, ct, n)
             if tma:
                 if ct == 0:
-                    tma_w(xs, base, slot, tbar, pre, first[0] + step, bx)
+                    tma_w(xs, base, slot, tbar, pre if ahead else sused, first[0] + step, bx)
             else:
                 for c in T.unroll(CB):
                     copy_w(xs, base, slot, w, sused, first[0] + step, bx, c, ct)

@@ -198,7 +198,10 @@ def wgmma_mainloop(knobs: TileKnobs, nb: int, issue, landed=None, lookahead=None
     1024-aligned start; desc: a local uint64 [2] for the descriptors of this warpgroup's activation rows and of
     the weights in slot 0. With producer warps (`knobs.producer`) only they call `issue`, and only the
     warpgroups' acc holds the result. `landed(s, *args)`, if given, waits for step s's weight tile, which a TMA
-    brings in two 64-byte-swizzled halves (_weight_tensor_map), on its mbarrier before step s's block barrier."""
+    brings in two 64-byte-swizzled halves (_weight_tensor_map), on its mbarrier before step s's block barrier.
+    `lookahead(step, *args)`, if given, loads what `issue` of that step reads from shared memory into registers: it
+    runs at the end of the step before, so those loads land while the thread waits at the next step's barrier,
+    not between that barrier and the wgmmas."""
     if knobs.producer:
         return _specialised_mainloop(knobs, nb, issue)
     S = knobs.stages
@@ -722,7 +725,8 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
             (clamped past the list: those steps copy nothing)."""
             pre[0] = sused[T.min((first[0] + step) // SPG, G)]
             for c in T.unroll(CA):
-                pre[1 + c] = sused[BITS + (c * COPIERS + ct) // 8 // 32 * (G + 1) + T.min((first[0] + step) // SPG, G)]
+                pre[1 + c] = sused[BITS + (c * COPIERS + ct) // 8 // 32 * (G + 1)
+                                   + T.min((first[0] + step) // SPG, G)]
 
         @T.macro
         def copy_a(xs, base, slot, a, sused, step, bt, c, ct, n):
@@ -802,7 +806,8 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
             """copy_a from the entries lookahead loaded."""
             T.ptx["cp.async.cg.shared.global"](
                 _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
-                a.ptr_to([T.min(bt * BT + (c * COPIERS + ct) // 8, nn(n) - 1), pre[ct % 8 // UPG] * gs + ct % 8 % UPG * 8]),
+                a.ptr_to([T.min(bt * BT + (c * COPIERS + ct) // 8, nn(n) - 1),
+                          pre[ct % 8 // UPG] * gs + ct % 8 % UPG * 8]),
                 16, T.Select(T.bitwise_and(T.shift_right(pre[GPS + c], (c * COPIERS + ct) // 8 % 32), 1) != 0,
                              T.uint32(16), T.uint32(0)))
 
@@ -832,8 +837,8 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
     @T.macro
     def issue(step, slot, nsteps, xs, base, a, w, tbar, sused, pre, first, bt, bx, ct, n):
         """Copier ct's copies of step `step` of this block's share (which starts at listed step first[0]) into ring
-        slot `slot` (tbar: the TMA mbarriers, a slot each; pre: the list entries lookahead loaded, groups of whole
-        steps)."""
+        slot `slot` (tbar: the TMA mbarriers, a slot each; pre: lookahead's list entries, or the list itself in
+        kernels without lookahead)."""
         if step < nsteps:
             for c in T.unroll(CA):
                 if ahead:
@@ -925,10 +930,10 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
 def _weight_tensor_map(tmap, w, k_dim: int, n_dim: int, nb: int, chunks: int = 2):
     """Host side: bind `tmap` to a TMA tensor map of the "tc" weight w [N / 16, 16 K] (wide_tvm/weight_layout.py)
     whose box is one K step's nb x 64 tile as two halves of nb rows x 32 K (`chunks` 2; 1: one half, the slice of
-    a group of 32 K), each 64-byte swizzled K-major (the
-    128-byte swizzle needs a 128-byte inner box, and a row's 64 K are not contiguous in "tc": its 32 K of a chunk
-    are). Dimensions, inner first: the 32 K of a (chunk, row) (64 contiguous bytes: lanes q, 8 elements each), the
-    row in its 16-row tile (64 bytes apart), the row tile (32 K bytes apart), the chunk (1 KB apart)."""
+    a group of 32 K), each 64-byte swizzled K-major (the 128-byte swizzle needs a 128-byte inner box, and a row's
+    64 K are not contiguous in "tc": its 32 K of a chunk are). Dimensions, inner first: the 32 K of a (chunk, row)
+    (64 contiguous bytes: lanes q, 8 elements each), the row in its 16-row tile (64 bytes apart), the row tile
+    (32 K bytes apart), the chunk (1 KB apart)."""
     T.Bind(T.tvm_stack_alloca("tensormap", 1), var=tmap)
     T.tensormap_encode_tiled(tmap, w.data, 32, ROWS, n_dim // ROWS, k_dim // 32, 64, ROWS * k_dim * 2, 1024,
                              32, ROWS, nb // ROWS, chunks, 1, 1, 1, 1, descriptor_dtype="float16", rank=4,

@@ -263,9 +263,9 @@ def _compile_cases(cases: list, export: str | None) -> str:
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_wgmma_kernels_build_for_every_knob(tmp_path):
     """gate/up (groups of 32 and 64), Q-like (several blocks per group) and gemm_k (also split over blocks, and with
-    groups of 32) at every swept wgmma knob set compile to sm_90a device code (importing the kernels registers the sm_90 -> sm_90a
-    device compile, so a plain sm_90 target works too): asynchronous wgmmas with descriptors, a zero-filling
-    cp.async ring in dynamic shared memory."""
+    groups of 32) at every swept wgmma knob set compile to sm_90a device code (importing the kernels registers the
+    sm_90 -> sm_90a device compile, so a plain sm_90 target works too): asynchronous wgmmas with descriptors, a
+    zero-filling cp.async ring in dynamic shared memory."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
@@ -278,7 +278,9 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
         if len(v) < 7:  # only gemm_mn runs on a persistent grid
             cases.append((f"k{i}", "k", (3, 64, 256), v))
     cases.append(("mn32", "mn", (6, 32, 64, True), ("wgmma", 128, 4, 4)))
-    for name, v in (("k32", ("wgmma", 128, 2, 6, 4)), ("k32p", ("wgmma", 64, 1, 4, 1, 1))):  # two groups a K step
+    # two groups a K step: 128-token tiles (with lookahead), 64-token ones (without), producer warps
+    for name, v in (("k32", ("wgmma", 128, 2, 6, 4)), ("k32s", ("wgmma", 64, 1, 4)),
+                    ("k32p", ("wgmma", 64, 1, 4, 1, 1))):
         cases.append((name, "k", (5, 32, 256), v))
     # two halves, each compiled (nvcc included) in a process of its own: both cores
     with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:

@@ -72,7 +72,9 @@ def _rel(out, ref) -> float:
     return diff / scale if scale > 0 else diff
 
 
-def check_kernels(build_dir: str, rows: list) -> None:
+def check_kernels(build_dir: str, rows: list, counts: tuple | None = None) -> None:
+    """Every kernel case of BUILD_DIR/kernels.so against torch, twice each (determinism), at its token counts (or
+    `counts`, for every GEMM case: e.g. many-token counts, past where the defaults stop for Llama shapes)."""
     import tvm
 
     lib = tvm.runtime.load_module(os.path.join(build_dir, "kernels.so"))
@@ -102,6 +104,8 @@ def check_kernels(build_dir: str, rows: list) -> None:
             wg, wu = (randn(*wshape, dtype=dtype, scale=1 / np.sqrt(dim)) for _ in range(2))
         if spec["kind"] == "mask_reorder":  # also past one 4096-token round of the parallel partition
             counts_to_check = TOKENS + (4095, 4096, 4097, 9000)
+        elif counts:
+            counts_to_check = counts
         else:
             counts_to_check = TOKENS if not big else (1, 4, 8, 9, 16, 17, 31, 32, 33, 47, 64, 65, 130, 300) + (
                 (511, 512, 513) if spec.get("reorder_free", 0) > 64 else ())  # both sides of the kernels' sorting
@@ -147,6 +151,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("build_dir")
     p.add_argument("--json")
+    p.add_argument("--counts", type=int, nargs="+", help="token counts for every GEMM case instead of its own")
     args = p.parse_args()
     import tvm
 
@@ -159,7 +164,7 @@ def main() -> None:
         check_example(args.build_dir, rows, "example_fp16")
         check_example(args.build_dir, rows, "example_fp16_wgmma")  # its gate/up on the wgmma GEMM past 32 tokens
     if os.path.exists(os.path.join(args.build_dir, "kernels.so")):  # not in a `build_gpu_check.py --examples` build
-        check_kernels(args.build_dir, rows)
+        check_kernels(args.build_dir, rows, tuple(args.counts) if args.counts else None)
     worst: dict = {}
     for r in rows:
         w = worst.setdefault(r["what"], {"rel_err": 0.0, "deterministic": True, "cases": 0})

@@ -898,7 +898,7 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                         pre = T.decl_buffer((PRE,), "int32", scope="local")  # lookahead's list entries
                         run(xs, base, desc, acc, nst[0], tid, a, w, tbar, sused, pre, first, bt, sp[2],
                             tid - ring.copier0, n)
-                    else:  # (the producer warps read the list where they use it)
+                    else:  # (kernels without lookahead read the list where they use it)
                         run(xs, base, desc, acc, nst[0], tid, a, w, tbar, sused, sused, first, bt, sp[2],
                             tid - ring.copier0, n)
                     if tid < ring.consumers:  # the warpgroups (always, without producer warps)

@@ -49,6 +49,11 @@ DECODE_CHOICES = {"warps": (4, 8, 16, 32), "unroll": (1, 2, 4), "rows": (1, 2), 
 KINDS = ("gemm_mn_swiglu", "gemm_mn", "gemm_k")
 
 
+def _swapped(variant: tuple) -> bool:
+    """Whether a wgmma tile variant swaps its operands (its eighth entry)."""
+    return len(variant) > 7 and bool(variant[7])
+
+
 @dataclass(frozen=True)
 class KnobTask:
     """One tuning task: the knobs of one gated kernel for one token bucket of one space."""
@@ -93,7 +98,12 @@ class KnobTask:
             return {"bm": CPU_BM, "bn": tuple(bn for bn in CPU_BN if self.cpu_width % bn == 0)}
         if self.space == "decode":
             return {k: v for k, v in DECODE_CHOICES.items() if k != "rows" or w.kind == "gemm_k"}
-        wg = tuple(v for v in WGMMA_VARIANTS if wgmma_fits(w, v)) if self.wgmma else ()
+        # swapped-operand candidates only for the <= 128-token bucket: a tile of at most 208 tokens covers a group's
+        # active tokens in one tile only over part of the 129-512 bucket, and past it in two or three (on the H200
+        # the bucket's two-count runner picked them, and they were 5-35 % slower at 129-192 and 320-384 tokens:
+        # docs/performance.md, "gemm_mn with swapped operands")
+        wg = tuple(v for v in WGMMA_VARIANTS if wgmma_fits(w, v) and (self.bucket == 0 or not _swapped(v))
+                   ) if self.wgmma else ()
         return {"variant": TILE_VARIANTS + wg}
 
     def size(self) -> int:

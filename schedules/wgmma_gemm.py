@@ -30,6 +30,11 @@ Every output element is written by one thread, with no atomics: deterministic.
   group's active count only writes its zeros (block-level skipping). Up to SORT_TOKENS tokens a per-tile block
   sorts its group's tokens itself from the mask (one ballot a warp), so no mask reorder launches in front of it;
   past that, and on the persistent grid, the tiles follow the mask reorder's order.
+  Knob `swap`: the operands swapped, the block's weight rows wgmma's M (a warpgroup per 64; with SwiGLU each 16
+  rows are 8 channels of gate, then the same 8 of up, so a thread holds both) and its token tile wgmma's N, any
+  multiple of 8: a group's active tokens are padded to 8 instead of 64, so up to a few hundred tokens the
+  tensor cores do about the work that exists, not 64-128 rows of it a group (H200, gate/up g128 at 33-64
+  tokens: 80 -> 68-74 us; at 256: 111 -> 91 us).
 * `wgmma_k_body` (down, O): token tiles in natural order; the block lists the groups its tokens run and steps
   through their K slices only (block-level skipping); groups narrower than a step share one, side by side.
 """
@@ -101,6 +106,8 @@ def check_wgmma_shape(group_size: int, k_dim: int, knobs: TileKnobs, swiglu: boo
         raise ValueError(f"tile knobs {knobs} are not the wgmma GEMM's")
     check_tile_knobs(knobs)
     if swiglu is None:
+        if knobs.swap:
+            raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_mn swaps its operands")
         if knobs.persistent:
             raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_mn runs on a persistent grid")
         if (group_size % KSTEP and group_size != KSTEP // 2) or k_dim % (64 * knobs.rows):
@@ -149,8 +156,8 @@ class Ring(NamedTuple):
 
 
 def ring_layout(knobs: TileKnobs, nb: int) -> Ring:
-    """The block layout of a wgmma GEMM with wgmma N `nb`."""
-    consumers = 128 * (knobs.tokens // 64)
+    """The block layout of a wgmma GEMM with `nb` weight rows (wgmma N; swapped: M, a warpgroup per 64)."""
+    consumers = 128 * (nb // 64 if knobs.swap else knobs.tokens // 64)
     threads = consumers + 32 * knobs.producer
     return Ring(threads, consumers, 32 * knobs.producer or threads, knobs.tokens * KSTEP * 2,
                 (knobs.tokens + nb) * KSTEP * 2)
@@ -163,14 +170,23 @@ def _tc_vector(row, chunk, unit):
 
 
 @T.macro
-def _encode_descriptors(xs, base, desc, tid, a_bytes, b_halves=False):
-    """desc[0]: this warpgroup's 64 activation rows in ring slot 0; desc[1]: the weight tile in slot 0 (128-byte
-    swizzled rows of 64 K, or with `b_halves` two 64-byte-swizzled halves of 32 K rows: the TMA weight tile)."""
-    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[0]), xs.ptr_to([(base[0] + tid // 128 * 64 * 128) // 2]),
-                                          1, SBO_16B, SWIZZLE_128B)
-    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[1]), xs.ptr_to([(base[0] + a_bytes) // 2]), 1,
-                                          SBO_HALF_16B if b_halves else SBO_16B,
-                                          SWIZZLE_64B if b_halves else SWIZZLE_128B)
+def _encode_descriptors(xs, base, desc, tid, a_bytes, b_halves=False, swap=False):
+    """desc[0] (wgmma's A): this warpgroup's 64 activation rows in ring slot 0; desc[1] (B): the weight tile in
+    slot 0 (128-byte swizzled rows of 64 K, or with `b_halves` two 64-byte-swizzled halves of 32 K rows: the TMA
+    weight tile). With `swap`, A is the warpgroup's 64 weight rows and B the slot's activation tile."""
+    if swap:
+        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[0]),
+                                              xs.ptr_to([(base[0] + a_bytes + tid // 128 * 64 * 128) // 2]), 1,
+                                              SBO_16B, SWIZZLE_128B)
+        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[1]), xs.ptr_to([base[0] // 2]), 1, SBO_16B,
+                                              SWIZZLE_128B)
+    else:
+        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[0]),
+                                              xs.ptr_to([(base[0] + tid // 128 * 64 * 128) // 2]), 1, SBO_16B,
+                                              SWIZZLE_128B)
+        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[1]), xs.ptr_to([(base[0] + a_bytes) // 2]), 1,
+                                              SBO_HALF_16B if b_halves else SBO_16B,
+                                              SWIZZLE_64B if b_halves else SWIZZLE_128B)
 
 
 def _wgmma_step(acc, nb: int, desc, s, S: int, stage: int, b_halves: bool = False):
@@ -206,12 +222,13 @@ def wgmma_mainloop(knobs: TileKnobs, nb: int, issue, landed=None, lookahead=None
         return _specialised_mainloop(knobs, nb, issue)
     S = knobs.stages
     ring = ring_layout(knobs, nb)
+    mma_n = knobs.tokens if knobs.swap else nb
 
     @T.macro
     def run(xs, base, desc, acc, nsteps, tid, *args):
         base[0] = _aligned_start(xs)
-        _encode_descriptors(xs, base, desc, tid, ring.a_bytes, landed is not None)
-        for a in T.unroll(nb // 2):
+        _encode_descriptors(xs, base, desc, tid, ring.a_bytes, landed is not None, bool(knobs.swap))
+        for a in T.unroll(mma_n // 2):
             acc[a] = T.float32(0)
         for st in T.unroll(S - 2):
             if lookahead is not None:
@@ -226,7 +243,7 @@ def wgmma_mainloop(knobs: TileKnobs, nb: int, issue, landed=None, lookahead=None
             T.ptx["fence.proxy.async.shared::cta"]()  # ... and are visible to wgmma (the async proxy)
             T.tvm_storage_sync("shared")  # everyone's; and step s - 2's wgmmas are done everywhere
             issue(s + S - 2, (s + S - 2) % S, nsteps, xs, base, *args)
-            _wgmma_step(acc, nb, desc, s, S, ring.stage, landed is not None)()
+            _wgmma_step(acc, mma_n, desc, s, S, ring.stage, landed is not None)()
             T.ptx["wgmma.wait_group.sync.aligned"](1)
             if lookahead is not None:  # the next issue's operands, loaded while this thread waits for step s + 1
                 lookahead(s + S - 1, *args)
@@ -335,13 +352,15 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     the same: active tokens ascending, then inactive ones)."""
     G, gs, K = groups, group_size, k_dim
     check_wgmma_shape(gs, K, knobs, swiglu)
-    BT, S = knobs.tokens, knobs.stages
-    NB, BN = wgmma_n(gs, swiglu, knobs)
+    BT, S, SW = knobs.tokens, knobs.stages, bool(knobs.swap)
+    NB, BN = wgmma_n(gs, swiglu, knobs)  # weight rows (wgmma N; swapped: its M, a warpgroup per 64), channels
     ring = ring_layout(knobs, NB)
     THREADS, COPIERS, A_BYTES, STAGE = ring.threads, ring.copiers, ring.a_bytes, ring.stage
     BPG = gs // BN  # blocks per group
-    CA = BT * 8 // COPIERS  # 16-byte activation copies per copying thread and step
+    CA = (BT * 8 + COPIERS - 1) // COPIERS  # 16-byte activation copies per copying thread and step
+    FULL_A = BT * 8 % COPIERS == 0  # (a swapped tile's tokens, any multiple of 8, may leave the last copy partial)
     CB = NB * 8 // COPIERS
+    ACC = (BT if SW else NB) // 2  # accumulator registers a thread: wgmma N / 2
     ZU = BN // 8  # 16-byte output units per token row of the block
     KB, NST = knobs.ksplit, K // KSTEP  # blocks splitting K (blockIdx.y = column block x KB + split), K steps
     WARPS = THREADS // 32
@@ -371,9 +390,21 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
         or from the block's own list [BT] of its tile's tokens (sort_tile)."""
         return order[pos - bt * BT] if len(order.shape) == 1 else order[gi[0], pos]
 
+    def w_chan(r):
+        """Output channel (from the block's first) of weight tile row r, which is an up row past BN, or swapped with
+        SwiGLU in the upper 8 rows of each 16 (w_up): then a thread's accumulator holds gate and up of a channel."""
+        return r // 16 * 8 + r % 8 if SW and swiglu else r % BN
+
+    def w_up(r):
+        return r % 16 >= 8 if SW else r >= BN
+
     def w_row(c, ct, gi, bg):
-        """Weight row (of gate, or of up for ring rows past BN) of copier ct's weight copy c."""
-        return chan0(gi, bg) + (c * COPIERS + ct) // 8 % BN
+        """Weight row (of gate, or of up: w_up) of copier ct's weight copy c."""
+        return chan0(gi, bg) + w_chan((c * COPIERS + ct) // 8)
+
+    def a_row(c, ct):
+        """Activation tile row of copier ct's copy c (clamped into the tile: a partial last copy copies nothing)."""
+        return (c * COPIERS + ct) // 8 if FULL_A else T.min((c * COPIERS + ct) // 8, BT - 1)
 
     @T.macro
     def copy_w(step, slot, xs, base, w, c, gi, bg, ct):
@@ -384,15 +415,22 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                                                                 ct % 8)]), 16, T.uint32(16))
 
     @T.macro
+    def copy_x(step, slot, xs, base, x, trow, tsz, bg, c, ct):
+        T.ptx["cp.async.cg.shared.global"](
+            _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
+            x.ptr_to([trow[c], _plus(first_step(bg), step) * KSTEP + ct % 8 * 8]), 16, tsz[c])
+
+    @T.macro
     def issue(step, slot, nsteps, xs, base, x, wg, wu, trow, tsz, gi, bg, ct):
         """Copier ct's copies of K step `step` into ring slot `slot` (ct: its index among the copiers)."""
         if step < nsteps:
             for c in T.unroll(CA):
-                T.ptx["cp.async.cg.shared.global"](
-                    _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
-                    x.ptr_to([trow[c], _plus(first_step(bg), step) * KSTEP + ct % 8 * 8]), 16, tsz[c])
+                if FULL_A:
+                    copy_x(step, slot, xs, base, x, trow, tsz, bg, c, ct)
+                elif (c * COPIERS + ct) // 8 < BT:
+                    copy_x(step, slot, xs, base, x, trow, tsz, bg, c, ct)
             for c in T.unroll(CB):
-                if swiglu and (c * COPIERS + ct) // 8 >= BN:  # up rows follow the gate rows
+                if swiglu and w_up((c * COPIERS + ct) // 8):
                     copy_w(step, slot, xs, base, wu, c, gi, bg, ct)
                 else:
                     copy_w(step, slot, xs, base, wg, c, gi, bg, ct)
@@ -404,8 +442,29 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     def copy_rows(trow, tsz, order, gi, bt, ct):
         """Copier ct's activation rows of token tile bt: their tokens, and 16 bytes (0 past the count: zero-fill)."""
         for c in T.unroll(CA):
-            trow[c] = slot_token(order, gi, bt, T.min(bt * BT + (c * COPIERS + ct) // 8, gi[1] - 1))
-            tsz[c] = T.Select(bt * BT + (c * COPIERS + ct) // 8 < gi[1], T.uint32(16), T.uint32(0))
+            trow[c] = slot_token(order, gi, bt, T.min(bt * BT + a_row(c, ct), gi[1] - 1))
+            tsz[c] = T.Select(bt * BT + a_row(c, ct) < gi[1], T.uint32(16), T.uint32(0))
+
+    @T.macro
+    def store_swapped(out, acc, order, gi, bt, bg, tid):
+        """store of the swapped GEMM: accumulator rows are weight rows (w_chan), its columns the tile's tokens."""
+        for j in T.unroll(BT // 8):
+            for e in T.unroll(2 if swiglu else 4):
+                if bt * BT + _acc_col(j, tid, e) < gi[1]:
+                    out[slot_token(order, gi, bt, bt * BT + _acc_col(j, tid, e)),
+                        chan0(gi, bg) + w_chan(_acc_row(tid, e))] = T.Cast(
+                        "float16", (acc[4 * j + e] * T.sigmoid(acc[4 * j + e]) * acc[4 * j + e + 2])
+                        if swiglu else acc[4 * j + e])
+
+    @T.macro
+    def store_split_swapped(ws, acc, order, gi, bt, by, tid, n):
+        """store_split of the swapped GEMM."""
+        for j in T.unroll(BT // 8):
+            for e in T.unroll(4):
+                if bt * BT + _acc_col(j, tid, e) < gi[1]:
+                    ws[((by % KB * nn(n) + slot_token(order, gi, bt, bt * BT + _acc_col(j, tid, e))) * (NB // BN)
+                        + (e // 2 if swiglu else 0)) * (G * gs) + chan0(gi, by) + w_chan(_acc_row(tid, e))] = \
+                        acc[4 * j + e]
 
     @T.macro
     def store(out, acc, order, gi, bt, bg, tid):
@@ -486,7 +545,7 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                         else:
                             gi[1] = T.min(counts[gi[0]], nn(n))
                         if bt * BT < gi[1]:
-                            acc = T.decl_buffer((NB // 2,), "float32", scope="local")
+                            acc = T.decl_buffer((ACC,), "float32", scope="local")
                             base = T.decl_buffer((1,), "int32", scope="local")
                             desc = T.decl_buffer((2,), "uint64", scope="local")
                             trow = T.decl_buffer((CA,), "int32", scope="local")  # token of each activation copy row
@@ -496,8 +555,12 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                             run(xs, base, desc, acc, split_steps(bg), tid, x, wg, wu, trow, tsz, gi, bg,
                                 tid - ring.copier0)
                             if tid < ring.consumers:  # the warpgroups (always, without producer warps)
-                                if KB > 1:
+                                if KB > 1 and SW:
+                                    store_split_swapped(ws, acc, tokens(order, sl), gi, bt, bg, tid, n)
+                                elif KB > 1:
                                     store_split(ws, acc, tokens(order, sl), gi, bt, bg, tid, n)
+                                elif SW:
+                                    store_swapped(out, acc, tokens(order, sl), gi, bt, bg, tid)
                                 else:
                                     store(out, acc, tokens(order, sl), gi, bt, bg, tid)
                         if KB == 1:

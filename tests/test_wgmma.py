@@ -30,12 +30,22 @@ def test_wgmma_knobs_parse_name_and_validate():
     assert tile_knob(["wgmma", 128, 4, 4, 1, 1]).name() == "wg128n256s4p1"
     assert tile_knob(["wgmma", 128, 2, 6, 4, 2]).name() == "wg128n128s6k4p2"
     assert tile_knob(["wgmma", 128, 4, 4, 1, 4, 132]).name() == "wg128n256s4p4x132"  # a persistent grid of 132
+    # swapped operands: any multiple of 8 tokens a tile (wgmma N)
+    assert tile_knob(["wgmma", 80, 2, 8, 1, 0, 0, 1]) == TileKnobs(80, 2, 8, 1, "wgmma", 1, 0, 0, 1)
+    assert tile_knob(["wgmma", 80, 2, 8, 1, 0, 0, 1]).name() == "wg80n128s8t"
+    assert tile_knob(["wgmma", 48, 2, 6, 4, 0, 0, 1]).name() == "wg48n128s6k4t"
     for bad, why in ((["wgmma", 192, 4, 3], "tokens must be one of"), (["wgmma", 128, 5, 4], "rows 1..4"),
                      (["wgmma", 128, 4, 2], "stages >= 3"), (["wgmma", 128, 4], "expected \\['wgmma'"),
                      (["wgmma", 128, 4, 4, 0], "ksplit >= 1"), (["wgmma", 128, 4, 4, 1, 3], "producer warps one of"),
                      (["wgmma", 128, 4, 4, 1, 0, 132], "persistent grid needs producer warps"),
                      ([128, 1, 3, 1, "smem", 2], "only the wgmma GEMMs"),
-                     ([128, 1, 3, 1, "smem", 1, 1], "only the wgmma GEMMs")):
+                     ([128, 1, 3, 1, "smem", 1, 1], "only the wgmma GEMMs"),
+                     (["wgmma", 84, 2, 4, 1, 0, 0, 1], "tokens a multiple of 8 up to 256"),
+                     (["wgmma", 264, 2, 4, 1, 0, 0, 1], "tokens a multiple of 8 up to 256"),
+                     (["wgmma", 80, 2, 4, 1, 1, 0, 1], "no producer warps"),
+                     (["wgmma", 80, 4, 4, 1, 0, 0, 1], "rows 1..2"),
+                     (["wgmma", 80, 2, 4, 1, 0, 0, 2], "tokens a multiple of 8"),
+                     ([128, 1, 3, 1, "smem", 1, 0, 0, 1], "swapped operands")):
         with pytest.raises(ValueError, match=why):
             tile_knob(bad)
     # a target without wgmma (not sm_90a) keeps the other picks and gets the mma.sync tile GEMM for wgmma ones
@@ -66,6 +76,12 @@ def test_wgmma_tiles_and_shared_memory():
         check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 2, 4, 132), True)
     with pytest.raises(ValueError, match="only the wgmma gemm_mn runs on a persistent grid"):
         check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 1, 4, 132))
+    # swapped operands: a warpgroup per 64 weight rows (32 channels of gate and up), whatever the token tile
+    sw = TileKnobs(80, 2, 8, 1, "wgmma", swap=1)
+    assert wgmma_n(128, True, sw) == (128, 64) and ring_layout(sw, 128) == (256, 256, 256, 80 * 128, (80 + 128) * 128)
+    assert ring_bytes(sw, 128) == 8 * (80 + 128) * 128 + 1024
+    with pytest.raises(ValueError, match="only the wgmma gemm_mn swaps its operands"):
+        check_wgmma_shape(128, 4096, sw)
 
 
 def test_gemm_k_split_follows_the_token_count():
@@ -275,7 +291,7 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
     for i, v in enumerate(WGMMA_VARIANTS):
         # every set builds gemm_mn, those splitting K too (Q: one K step over 4 or 8 blocks, most of them empty)
         cases += [(f"mn{i}", "mn", (4, 64, 128, True), v), (f"q{i}", "mn", (2, 512, 64, False), v)]
-        if len(v) < 7:  # only gemm_mn runs on a persistent grid
+        if len(v) < 7:  # only gemm_mn runs on a persistent grid or swaps its operands
             cases.append((f"k{i}", "k", (3, 64, 256), v))
     cases.append(("mn32", "mn", (6, 32, 64, True), ("wgmma", 128, 4, 4)))
     # two groups a K step: 128-token tiles (with lookahead), 64-token ones (without), producer warps
@@ -287,6 +303,8 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
         halves = list(pool.map(_compile_cases, (cases[::2], cases[1::2]), (str(tmp_path / "a.so"), None)))
     src = "".join(halves)
     for n in (64, 128, 256):
+        assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16" in src
+    for n in (32, 48, 80, 144, 208):  # swapped operands: the token tile is wgmma's N
         assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16" in src
     assert "wgmma.wait_group.sync.aligned 1;" in src and "fence.proxy.async.shared::cta;" in src
     assert "cp.async.cg.shared.global [%0], [%1], 16, %2;" in src and "extern __shared__" in src

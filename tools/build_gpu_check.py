@@ -140,6 +140,18 @@ KERNELS = [
     ("gemm_mn_swiglu", 6, 32, 64, "float16", "tc", None, ("wgmma", 64, 4, 5, 1, 4, 3)),
     ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 128, 2, 4, 1, 4, 132)),
     ("gemm_mn_swiglu", 4, 64, 128, "float16", "tc", None, ("wgmma", 128, 2, 4, 1, 2, 5)),
+    # ... gemm_mn with swapped operands (weight rows wgmma's M, tokens its N): token tiles that split the copies
+    # evenly or not (80 x 8 over 256 threads), one or two warpgroups, groups of 32, split K, Q's column blocks,
+    # one K step (fewer than the stages), small tiles of 8 and 24 tokens
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 80, 2, 8, 1, 0, 0, 1)),
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 144, 2, 6, 1, 0, 0, 1)),
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 48, 2, 6, 4, 0, 0, 1)),
+    ("gemm_mn_swiglu", 448, 32, 4096, "float16", "tc", None, ("wgmma", 32, 1, 8, 1, 0, 0, 1)),
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 80, 2, 6, 4, 0, 0, 1)),
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 256, 2, 4, 1, 0, 0, 1)),
+    ("gemm_mn_swiglu", 6, 32, 64, "float16", "tc", None, ("wgmma", 8, 1, 4, 1, 0, 0, 1)),
+    ("gemm_mn_swiglu", 4, 64, 128, "float16", "tc", None, ("wgmma", 24, 2, 4, 1, 0, 0, 1)),
+    ("gemm_mn_swiglu", 4, 64, 128, "float16", "tc", None, ("wgmma", 40, 2, 3, 2, 0, 0, 1)),
 ]
 
 

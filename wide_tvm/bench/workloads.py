@@ -116,8 +116,8 @@ K_VARIANTS = ((16, 2), (16, 4), (32, 1), (32, 2), (8, 2, 2), (16, 2, 2), (16, 1,
 TILE_VARIANTS = (("gemv",), (128, 1, 3, 1), (64, 1, 3, 1), (128, 2, 3, 1), (64, 2, 3, 1), (128, 1, 4, 2),
                  (128, 2, 4, 2), (64, 2, 4, 2), (128, 1, 2, 1))
 # The Hopper wgmma tile GEMMs ("wgmma", tokens per block, wgmma N / 64, ring stages[, blocks splitting K[, producer
-# warps[, persistent blocks]]]), sm_90a; gemm_k needs groups of whole 64-wide K steps or of 32 K, and a persistent
-# grid does not split K (schedules.wgmma_gemm)
+# warps[, persistent blocks[, swapped operands]]]]), sm_90a; gemm_k needs groups of whole 64-wide K steps or of 32
+# K, and a persistent grid does not split K; only gemm_mn swaps its operands (schedules.wgmma_gemm)
 WGMMA_VARIANTS = (("wgmma", 128, 4, 4), ("wgmma", 128, 2, 4), ("wgmma", 128, 2, 6), ("wgmma", 64, 4, 5),
                   ("wgmma", 128, 4, 4, 2), ("wgmma", 128, 2, 6, 4), ("wgmma", 64, 4, 5, 4),
                   # warp-specialised: a producer warp per SM sub-partition fills the ring, the warpgroups only wait
@@ -128,7 +128,14 @@ WGMMA_VARIANTS = (("wgmma", 128, 4, 4), ("wgmma", 128, 2, 4), ("wgmma", 128, 2, 
                   ("wgmma", 128, 4, 4, 1, 4, 132), ("wgmma", 128, 2, 4, 1, 4, 132),
                   # more blocks for a few hundred tokens or fewer (Q: 8 groups x 4 column blocks): K split over 4
                   # or 8 blocks, 64-channel column blocks
-                  ("wgmma", 64, 2, 4, 4), ("wgmma", 64, 1, 6, 4), ("wgmma", 64, 2, 4, 8))
+                  ("wgmma", 64, 2, 4, 4), ("wgmma", 64, 1, 6, 4), ("wgmma", 64, 2, 4, 8),
+                  # gemm_mn with swapped operands (weight rows wgmma's M, a tile's tokens its N in 8s), so a group's
+                  # active tokens are padded to 8, not 64 (docs/results/sweep_h200_wgmma_swap.json); 1 or 2
+                  # warpgroups, small rings of 32-token tiles for 2-3 blocks an SM
+                  ("wgmma", 32, 1, 8, 1, 0, 0, 1), ("wgmma", 32, 1, 5, 1, 0, 0, 1), ("wgmma", 48, 1, 8, 1, 0, 0, 1),
+                  ("wgmma", 48, 2, 8, 1, 0, 0, 1), ("wgmma", 80, 1, 6, 1, 0, 0, 1), ("wgmma", 80, 2, 8, 1, 0, 0, 1),
+                  ("wgmma", 144, 1, 6, 1, 0, 0, 1), ("wgmma", 144, 2, 6, 1, 0, 0, 1), ("wgmma", 208, 2, 4, 1, 0, 0, 1),
+                  ("wgmma", 48, 2, 6, 4, 0, 0, 1))
 TILE_BUCKETS = (128, 512)  # = schedules.tile_gemm.TILE_BUCKETS
 TILE_SWEEP_BUCKETS = tuple(f"tiles{b}" for b in TILE_BUCKETS) + ("tiles",)  # their names in a sweep's picks
 PREFILL_SWEEP_TOKENS = (65, 128, 256, 512, 1024, 4096)
@@ -166,14 +173,15 @@ def wgmma_fits(w: Workload, v: tuple) -> bool:
         return (w.k % 64 == 0 and bn % 16 == 0 and w.group_size % bn == 0 and nw * bn % 64 == 0
                 and (len(v) < 7 or not v[6] or v[4] == 1))
     whole = w.group_size % 64 == 0 or w.group_size == 32  # whole K steps, or two groups a step
-    return whole and w.n % (64 * v[2]) == 0 and (len(v) < 7 or not v[6])
+    return whole and w.n % (64 * v[2]) == 0 and (len(v) < 7 or not v[6]) and (len(v) < 8 or not v[7])
 
 
 def tile_name(v: tuple) -> str:
     """schedules.tile_gemm.tile_knob(v).name(), without importing the kernels."""
     if v[0] == "wgmma":
         return (f"wg{v[1]}n{64 * v[2]}s{v[3]}" + (f"k{v[4]}" if len(v) > 4 and v[4] > 1 else "")
-                + (f"p{v[5]}" if len(v) > 5 and v[5] else "") + (f"x{v[6]}" if len(v) > 6 and v[6] else ""))
+                + (f"p{v[5]}" if len(v) > 5 and v[5] else "") + (f"x{v[6]}" if len(v) > 6 and v[6] else "")
+                + ("t" if len(v) > 7 and v[7] else ""))
     return "gemv64" if v == ("gemv",) else "t{}r{}s{}p{}".format(*v)
 
 

@@ -33,8 +33,8 @@ Every output element is written by one thread, with no atomics: deterministic.
   Knob `swap`: the operands swapped, the block's weight rows wgmma's M (a warpgroup per 64; with SwiGLU each 16
   rows are 8 channels of gate, then the same 8 of up, so a thread holds both) and its token tile wgmma's N, any
   multiple of 8: a group's active tokens are padded to 8 instead of 64, so up to a few hundred tokens the
-  tensor cores do about the work that exists, not 64-128 rows of it a group (H200, gate/up g128 at 33-64
-  tokens: 80 -> 68-74 us; at 256: 111 -> 91 us).
+  tensor cores do about the work that exists, not 64-128 rows of it a group (H200, gate/up g128 at 33-128
+  tokens: 79-82 -> 72-74 us; tuned for <= 128 tokens only, see knob_space.KnobTask.choices).
 * `wgmma_k_body` (down, O): token tiles in natural order; the block lists the groups its tokens run and steps
   through their K slices only (block-level skipping); groups narrower than a step share one, side by side.
 """

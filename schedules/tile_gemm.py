@@ -50,6 +50,9 @@ class TileKnobs:
     # wgmma gemm_mn: swap the operands (1): the weight rows are wgmma's M (64 a warpgroup, `rows` warpgroups) and
     # the block's `tokens` its N, any multiple of 8, so a group's few active tokens are not padded to 64
     swap: int = 0
+    # wgmma gemm_mn: the weights' cp.async asks L2 to prefetch this many bytes around each 16-byte copy (0, or one of
+    # L2_PREFETCH: PTX's .L2::64B/128B/256B), so a memory-bound tile's DRAM requests are fewer and larger
+    l2: int = 0
 
     def name(self) -> str:
         if self.kernel == "gemv":
@@ -57,7 +60,7 @@ class TileKnobs:
         if self.kernel == "wgmma":
             return (f"wg{self.tokens}n{64 * self.rows}s{self.stages}" + (f"k{self.ksplit}" if self.ksplit > 1 else "")
                     + (f"p{self.producer}" if self.producer else "") + (f"x{self.persistent}" if self.persistent else "")
-                    + ("t" if self.swap else ""))
+                    + ("t" if self.swap else "") + (f"l{self.l2}" if self.l2 else ""))
         return f"t{self.tokens}r{self.rows}s{self.stages}p{self.prefetch}"
 
 
@@ -67,6 +70,7 @@ GEMV_TILES = TileKnobs(kernel="gemv")
 WGMMA_TOKENS = (64, 128)
 WGMMA_PRODUCERS = (0, 1, 2, 4)  # producer warps: they must split a 64-row tile's 16-byte copies evenly
 SWAP_TOKENS = range(8, 257, 8)  # token tiles of the swapped wgmma gemm_mn: wgmma N
+L2_PREFETCH = (64, 128, 256)  # L2 prefetch sizes a cp.async may ask for (bytes)
 # Token counts past the direct kernels are split into buckets (<= 128, <= 512, more), each with its kernel and knobs
 TILE_BUCKETS = (128, 512)
 DEFAULT_TILES = (GEMV_TILES, TileKnobs(), TileKnobs())
@@ -74,17 +78,18 @@ DEFAULT_TILES = (GEMV_TILES, TileKnobs(), TileKnobs())
 
 def tile_knob(entry) -> TileKnobs:
     """One bucket's knobs from a log or sweep entry: [tokens, rows, stages, prefetch], ["gemv"], or
-    ["wgmma", tokens, rows, stages(, ksplit(, producer warps(, persistent blocks(, swap))))]."""
+    ["wgmma", tokens, rows, stages(, ksplit(, producer warps(, persistent blocks(, swap(, L2 prefetch bytes)))))]."""
     entry = list(entry)
     if entry == ["gemv"]:
         return GEMV_TILES
     if entry and entry[0] == "wgmma":
-        if len(entry) not in (4, 5, 6, 7, 8):
+        if len(entry) not in (4, 5, 6, 7, 8, 9):
             raise ValueError(f"wgmma tile knobs {entry}: expected ['wgmma', tokens, rows (N / 64), stages(, ksplit"
-                             "(, producer warps(, persistent blocks(, swap))))]")
+                             "(, producer warps(, persistent blocks(, swap(, L2 prefetch bytes)))))]")
         knobs = TileKnobs(tokens=entry[1], rows=entry[2], stages=entry[3], kernel="wgmma",
                           ksplit=entry[4] if len(entry) > 4 else 1, producer=entry[5] if len(entry) > 5 else 0,
-                          persistent=entry[6] if len(entry) > 6 else 0, swap=entry[7] if len(entry) > 7 else 0)
+                          persistent=entry[6] if len(entry) > 6 else 0, swap=entry[7] if len(entry) > 7 else 0,
+                          l2=entry[8] if len(entry) > 8 else 0)
     else:
         knobs = TileKnobs(*entry)
     check_tile_knobs(knobs)
@@ -117,6 +122,8 @@ def many_token_kernels(knobs: tuple, gemv_tiles, make_tiles, make_wgmma) -> list
 
 def check_tile_knobs(knobs: TileKnobs) -> None:
     """ValueError unless `knobs` describe a tile GEMM this module (or schedules/wgmma_gemm.py) can build."""
+    if knobs.kernel == "wgmma" and knobs.l2 and knobs.l2 not in L2_PREFETCH:
+        raise ValueError(f"wgmma tile knobs {knobs}: an L2 prefetch is one of {L2_PREFETCH} bytes (or 0, none)")
     if knobs.kernel == "wgmma" and knobs.swap:
         # (4 warpgroups: TVM's shared-memory sync planner refuses the kernel, "cannot insert syncs inside condition")
         if (knobs.tokens not in SWAP_TOKENS or knobs.stages < 3 or not 1 <= knobs.rows <= 2 or knobs.ksplit < 1
@@ -133,9 +140,9 @@ def check_tile_knobs(knobs: TileKnobs) -> None:
                              "64 tokens), rows 1..4 (wgmma N = 64 rows), stages >= 3, ksplit >= 1, producer "
                              f"warps one of {WGMMA_PRODUCERS}, and a persistent grid needs producer warps")
         return
-    if knobs.ksplit != 1 or knobs.producer or knobs.persistent or knobs.swap:
+    if knobs.ksplit != 1 or knobs.producer or knobs.persistent or knobs.swap or knobs.l2:
         raise ValueError(f"tile knobs {knobs}: only the wgmma GEMMs split K over blocks, have producer warps, "
-                         "a persistent grid or swapped operands")
+                         "a persistent grid, swapped operands or an L2 prefetch size")
     if knobs.kernel != "smem" or knobs.tokens % 64 or knobs.rows < 1 or knobs.stages < 2 or knobs.prefetch < 1:
         raise ValueError(f"tile knobs {knobs}: tokens must be a multiple of 64, rows >= 1, stages >= 2, "
                          "prefetch >= 1, kernel 'smem' (or 'gemv', which has no tile GEMM)")

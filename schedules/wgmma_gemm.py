@@ -35,6 +35,9 @@ Every output element is written by one thread, with no atomics: deterministic.
   multiple of 8: a group's active tokens are padded to 8 instead of 64, so up to a few hundred tokens the
   tensor cores do about the work that exists, not 64-128 rows of it a group (H200, gate/up g128 at 33-128
   tokens: 79-82 -> 72-74 us; tuned for <= 128 tokens only, see knob_space.KnobTask.choices).
+  Knob `l2`: the weight copies' cp.async asks L2 to prefetch 64-256 bytes (`.L2::256B`): on the H200 the
+  swapped gate/up g128 at 48-64 tokens 73 -> 67 us, while the unswapped kernels at 512-4096 tokens and the direct
+  kernels' rings lost 2-8 % (docs/performance.md, "L2 prefetch of the weights"), so only swapped candidates have it.
 * `wgmma_k_body` (down, O): token tiles in natural order; the block lists the groups its tokens run and steps
   through their K slices only (block-level skipping); groups narrower than a step share one, side by side.
 """
@@ -108,6 +111,8 @@ def check_wgmma_shape(group_size: int, k_dim: int, knobs: TileKnobs, swiglu: boo
     if swiglu is None:
         if knobs.swap:
             raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_mn swaps its operands")
+        if knobs.l2:
+            raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_mn's weight copies take an L2 prefetch size")
         if knobs.persistent:
             raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_mn runs on a persistent grid")
         if (group_size % KSTEP and group_size != KSTEP // 2) or k_dim % (64 * knobs.rows):
@@ -398,6 +403,8 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     def w_up(r):
         return r % 16 >= 8 if SW else r >= BN
 
+    W_COPY = "cp.async.cg.shared.global" + (f".L2::{knobs.l2}B" if knobs.l2 else "")  # the weights' (knob l2)
+
     def w_row(c, ct, gi, bg):
         """Weight row (of gate, or of up: w_up) of copier ct's weight copy c."""
         return chan0(gi, bg) + w_chan((c * COPIERS + ct) // 8)
@@ -408,7 +415,7 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
 
     @T.macro
     def copy_w(step, slot, xs, base, w, c, gi, bg, ct):
-        T.ptx["cp.async.cg.shared.global"](
+        T.ptx[W_COPY](
             _ring_ptr(xs, base, slot * STAGE + A_BYTES, c, COPIERS, ct),
             w.ptr_to([w_row(c, ct, gi, bg) // ROWS, _tc_vector(w_row(c, ct, gi, bg),
                                                                 _plus(first_step(bg), step) * 2 + ct % 8 // 4,

@@ -34,6 +34,9 @@ def test_wgmma_knobs_parse_name_and_validate():
     assert tile_knob(["wgmma", 80, 2, 8, 1, 0, 0, 1]) == TileKnobs(80, 2, 8, 1, "wgmma", 1, 0, 0, 1)
     assert tile_knob(["wgmma", 80, 2, 8, 1, 0, 0, 1]).name() == "wg80n128s8t"
     assert tile_knob(["wgmma", 48, 2, 6, 4, 0, 0, 1]).name() == "wg48n128s6k4t"
+    # ... whose weight copies ask L2 for 256-byte prefetches
+    assert tile_knob(["wgmma", 80, 1, 6, 1, 0, 0, 1, 256]) == TileKnobs(80, 1, 6, 1, "wgmma", 1, 0, 0, 1, 256)
+    assert tile_knob(["wgmma", 80, 1, 6, 1, 0, 0, 1, 256]).name() == "wg80n64s6tl256"
     for bad, why in ((["wgmma", 192, 4, 3], "tokens must be one of"), (["wgmma", 128, 5, 4], "rows 1..4"),
                      (["wgmma", 128, 4, 2], "stages >= 3"), (["wgmma", 128, 4], "expected \\['wgmma'"),
                      (["wgmma", 128, 4, 4, 0], "ksplit >= 1"), (["wgmma", 128, 4, 4, 1, 3], "producer warps one of"),
@@ -45,7 +48,10 @@ def test_wgmma_knobs_parse_name_and_validate():
                      (["wgmma", 80, 2, 4, 1, 1, 0, 1], "no producer warps"),
                      (["wgmma", 80, 4, 4, 1, 0, 0, 1], "rows 1..2"),
                      (["wgmma", 80, 2, 4, 1, 0, 0, 2], "tokens a multiple of 8"),
-                     ([128, 1, 3, 1, "smem", 1, 0, 0, 1], "swapped operands")):
+                     ([128, 1, 3, 1, "smem", 1, 0, 0, 1], "swapped operands"),
+                     (["wgmma", 80, 1, 6, 1, 0, 0, 1, 512], "an L2 prefetch is one of"),
+                     (["wgmma", 80, 1, 6, 1, 0, 0, 1, 256, 1], "expected \\['wgmma'"),
+                     ([128, 1, 3, 1, "smem", 1, 0, 0, 0, 256], "an L2 prefetch size")):
         with pytest.raises(ValueError, match=why):
             tile_knob(bad)
     # a target without wgmma (not sm_90a) keeps the other picks and gets the mma.sync tile GEMM for wgmma ones
@@ -82,6 +88,9 @@ def test_wgmma_tiles_and_shared_memory():
     assert ring_bytes(sw, 128) == 8 * (80 + 128) * 128 + 1024
     with pytest.raises(ValueError, match="only the wgmma gemm_mn swaps its operands"):
         check_wgmma_shape(128, 4096, sw)
+    check_wgmma_shape(128, 4096, TileKnobs(80, 2, 8, 1, "wgmma", swap=1, l2=256), True)
+    with pytest.raises(ValueError, match="only the wgmma gemm_mn's weight copies take an L2 prefetch"):
+        check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", l2=256))
 
 
 def test_gemm_k_split_follows_the_token_count():
@@ -288,7 +297,9 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
     from wide_tvm.bench.workloads import WGMMA_VARIANTS
 
     cases = []
-    for i, v in enumerate(WGMMA_VARIANTS):
+    # an L2-prefetching variant differs from its base only in the weight copies' PTX: one of them builds
+    l2 = [v for v in WGMMA_VARIANTS if len(v) > 8 and v[8]]
+    for i, v in enumerate(v for v in WGMMA_VARIANTS if v not in l2[1:]):
         # every set builds gemm_mn, those splitting K too (Q: one K step over 4 or 8 blocks, most of them empty)
         cases += [(f"mn{i}", "mn", (4, 64, 128, True), v), (f"q{i}", "mn", (2, 512, 64, False), v)]
         if len(v) < 7:  # only gemm_mn runs on a persistent grid or swaps its operands
@@ -308,6 +319,7 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
         assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16" in src
     assert "wgmma.wait_group.sync.aligned 1;" in src and "fence.proxy.async.shared::cta;" in src
     assert "cp.async.cg.shared.global [%0], [%1], 16, %2;" in src and "extern __shared__" in src
+    assert "cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" in src  # the weights' L2 prefetch knob
     # gemm_k's weight tiles by TMA (every thread copying): a tensor map kernel parameter
     assert "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes" in src
     assert "mbarrier.arrive.expect_tx.shared::cta.b64" in src and "const __grid_constant__ CUtensorMap" in src

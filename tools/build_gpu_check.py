@@ -152,6 +152,10 @@ KERNELS = [
     ("gemm_mn_swiglu", 6, 32, 64, "float16", "tc", None, ("wgmma", 8, 1, 4, 1, 0, 0, 1)),
     ("gemm_mn_swiglu", 4, 64, 128, "float16", "tc", None, ("wgmma", 24, 2, 4, 1, 0, 0, 1)),
     ("gemm_mn_swiglu", 4, 64, 128, "float16", "tc", None, ("wgmma", 40, 2, 3, 2, 0, 0, 1)),
+    # ... with the weights' copies prefetching into L2 (knob l2): the gate/up and Q picks' shapes, groups of 32
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 80, 1, 6, 1, 0, 0, 1, 256)),
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 48, 1, 8, 1, 0, 0, 1, 256)),
+    ("gemm_mn_swiglu", 448, 32, 4096, "float16", "tc", None, ("wgmma", 32, 1, 8, 1, 0, 0, 1, 128)),
 ]
 
 

@@ -116,7 +116,7 @@ K_VARIANTS = ((16, 2), (16, 4), (32, 1), (32, 2), (8, 2, 2), (16, 2, 2), (16, 1,
 TILE_VARIANTS = (("gemv",), (128, 1, 3, 1), (64, 1, 3, 1), (128, 2, 3, 1), (64, 2, 3, 1), (128, 1, 4, 2),
                  (128, 2, 4, 2), (64, 2, 4, 2), (128, 1, 2, 1))
 # The Hopper wgmma tile GEMMs ("wgmma", tokens per block, wgmma N / 64, ring stages[, blocks splitting K[, producer
-# warps[, persistent blocks[, swapped operands]]]]), sm_90a; gemm_k needs groups of whole 64-wide K steps or of 32
+# warps[, persistent blocks[, swapped operands[, L2 prefetch bytes]]]]]), sm_90a; gemm_k needs groups of whole 64-wide K steps or of 32
 # K, and a persistent grid does not split K; only gemm_mn swaps its operands (schedules.wgmma_gemm)
 WGMMA_VARIANTS = (("wgmma", 128, 4, 4), ("wgmma", 128, 2, 4), ("wgmma", 128, 2, 6), ("wgmma", 64, 4, 5),
                   ("wgmma", 128, 4, 4, 2), ("wgmma", 128, 2, 6, 4), ("wgmma", 64, 4, 5, 4),
@@ -135,7 +135,10 @@ WGMMA_VARIANTS = (("wgmma", 128, 4, 4), ("wgmma", 128, 2, 4), ("wgmma", 128, 2, 
                   ("wgmma", 32, 1, 8, 1, 0, 0, 1), ("wgmma", 32, 1, 5, 1, 0, 0, 1), ("wgmma", 48, 1, 8, 1, 0, 0, 1),
                   ("wgmma", 48, 2, 8, 1, 0, 0, 1), ("wgmma", 80, 1, 6, 1, 0, 0, 1), ("wgmma", 80, 2, 8, 1, 0, 0, 1),
                   ("wgmma", 144, 1, 6, 1, 0, 0, 1), ("wgmma", 144, 2, 6, 1, 0, 0, 1), ("wgmma", 208, 2, 4, 1, 0, 0, 1),
-                  ("wgmma", 48, 2, 6, 4, 0, 0, 1))
+                  ("wgmma", 48, 2, 6, 4, 0, 0, 1),
+                  # ... with the weights' copies prefetching 256 bytes into L2 (schedules.wgmma_gemm, knob l2)
+                  ("wgmma", 80, 1, 6, 1, 0, 0, 1, 256), ("wgmma", 48, 1, 8, 1, 0, 0, 1, 256),
+                  ("wgmma", 32, 1, 8, 1, 0, 0, 1, 256), ("wgmma", 48, 2, 8, 1, 0, 0, 1, 256))
 TILE_BUCKETS = (128, 512)  # = schedules.tile_gemm.TILE_BUCKETS
 TILE_SWEEP_BUCKETS = tuple(f"tiles{b}" for b in TILE_BUCKETS) + ("tiles",)  # their names in a sweep's picks
 PREFILL_SWEEP_TOKENS = (65, 128, 256, 512, 1024, 4096)
@@ -173,7 +176,7 @@ def wgmma_fits(w: Workload, v: tuple) -> bool:
         return (w.k % 64 == 0 and bn % 16 == 0 and w.group_size % bn == 0 and nw * bn % 64 == 0
                 and (len(v) < 7 or not v[6] or v[4] == 1))
     whole = w.group_size % 64 == 0 or w.group_size == 32  # whole K steps, or two groups a step
-    return whole and w.n % (64 * v[2]) == 0 and (len(v) < 7 or not v[6]) and (len(v) < 8 or not v[7])
+    return whole and w.n % (64 * v[2]) == 0 and not any(v[6:9])  # no persistent grid, swap or L2 prefetch
 
 
 def tile_name(v: tuple) -> str:
@@ -181,7 +184,7 @@ def tile_name(v: tuple) -> str:
     if v[0] == "wgmma":
         return (f"wg{v[1]}n{64 * v[2]}s{v[3]}" + (f"k{v[4]}" if len(v) > 4 and v[4] > 1 else "")
                 + (f"p{v[5]}" if len(v) > 5 and v[5] else "") + (f"x{v[6]}" if len(v) > 6 and v[6] else "")
-                + ("t" if len(v) > 7 and v[7] else ""))
+                + ("t" if len(v) > 7 and v[7] else "") + (f"l{v[8]}" if len(v) > 8 and v[8] else ""))
     return "gemv64" if v == ("gemv",) else "t{}r{}s{}p{}".format(*v)
 
 

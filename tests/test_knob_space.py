@@ -4,6 +4,7 @@ reads back (wide_tvm/knob_tuning.py). The MetaSchedule runs themselves: tests/te
 from __future__ import annotations
 
 import shutil
+import warnings
 
 import pytest
 
@@ -247,10 +248,13 @@ def test_records_of_older_kernel_code_are_not_applied_but_re_measured_first(tmp_
     task = ks.KnobTask("gemm_k", 4, 32, 64, "float32", "kn", "cpu", 2)
     _record(db, task, {"bm": 1, "bn": 2}, 7.0)
     _record(db, task, {"bm": 0, "bn": 0}, 9.0)
-    assert kernel_knobs.load(str(tmp_path))[task.key]["cpu"] == [None, None, {"bm": 4, "bn": 64}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # all current: no warning
+        assert kernel_knobs.load(str(tmp_path))[task.key]["cpu"] == [None, None, {"bm": 4, "bn": 64}]
     monkeypatch.setattr(ks, "code_version", lambda space: "0123456789abcdef")  # the kernels changed
     assert not ks.is_current(db.get_all_tuning_records()[0].workload.mod)
-    assert kernel_knobs.load(str(tmp_path)) == {}
+    with pytest.warns(kernel_knobs.StaleTuningWarning, match="1 tuned kernel bucket.*gemm_k/g4x32/d64/float32/cpu2"):
+        assert kernel_knobs.load(str(tmp_path)) == {}  # said, not silent
     assert best_records(str(tmp_path)) == {}
     assert best_records(str(tmp_path), current=False) == {task: (7e-6, {"bm": 4, "bn": 64})}
     assert "2 records were timed on older kernel code" in summary(str(tmp_path))

@@ -18,6 +18,10 @@ from .errors import WideError
 FILE = "kernel_knobs.json"
 
 
+class StaleTuningWarning(UserWarning):
+    """Some tuned buckets have only records timed on older kernel code: they run the knob file's or default knobs."""
+
+
 def kernel_key(kind: str, groups: int, group_size: int, dim: int, dtype: str) -> str:
     """kind: gemm_mn_swiglu, gemm_mn or gemm_k; dim: K of gemm_mn, N of gemm_k."""
     return f"{kind}/g{groups}x{group_size}/d{dim}/{dtype}"

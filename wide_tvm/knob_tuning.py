@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import warnings
 
 import numpy as np
 
@@ -225,11 +226,21 @@ def best_records(folder: str, records: list | None = None, current: bool = True)
 
 def database_entries(folder: str, entries: dict) -> dict:
     """`entries` (kernel-knob entries) with every bucket the database tuned replaced by its fastest record;
-    buckets it did not tune keep the entry's knobs, or None (the kernel's default)."""
+    buckets it did not tune keep the entry's knobs, or None (the kernel's default). Buckets whose every record
+    was timed on older kernel code get a StaleTuningWarning: after a kernel edit they silently lost their picks."""
+    from .kernel_knobs import StaleTuningWarning
     from .schedules.knob_space import ENTRY_FIELD, SPACE_TOKENS
 
+    records = task_records(folder)
+    current = {task for task, rec in records if is_current(rec.workload.mod)}
+    stale_only = sorted({task.name for task, _ in records} - {task.name for task in current})
+    if stale_only:
+        warnings.warn(f"{folder}: {len(stale_only)} tuned kernel bucket(s) have only records timed on older kernel "
+                      f"code ({', '.join(stale_only[:4])}{', ...' if len(stale_only) > 4 else ''}); they get the "
+                      "knob file's or the default knobs. tools/restamp_records.py re-stamps records whose kernels "
+                      "an edit left as they were; wide-tune re-measures the others", StaleTuningWarning, stacklevel=3)
     merged = {k: dict(v) for k, v in entries.items()}
-    for task, (secs, values) in sorted(best_records(folder).items(), key=lambda kv: kv[0].name):
+    for task, (secs, values) in sorted(best_records(folder, records).items(), key=lambda kv: kv[0].name):
         field, n = ENTRY_FIELD[task.space], len(SPACE_TOKENS[task.space])
         entry = merged.setdefault(task.key, {})
         old = entry.get(field)

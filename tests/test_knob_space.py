@@ -255,6 +255,10 @@ def test_records_of_older_kernel_code_are_not_applied_but_re_measured_first(tmp_
     assert not ks.is_current(db.get_all_tuning_records()[0].workload.mod)
     with pytest.warns(kernel_knobs.StaleTuningWarning, match="1 tuned kernel bucket.*gemm_k/g4x32/d64/float32/cpu2"):
         assert kernel_knobs.load(str(tmp_path)) == {}  # said, not silent
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # -W error: the warning itself, not "unreadable MetaSchedule database"
+        with pytest.raises(kernel_knobs.StaleTuningWarning, match="gemm_k/g4x32/d64/float32/cpu2"):
+            kernel_knobs.load(str(tmp_path))
     assert best_records(str(tmp_path)) == {}
     assert best_records(str(tmp_path), current=False) == {task: (7e-6, {"bm": 4, "bn": 64})}
     assert "2 records were timed on older kernel code" in summary(str(tmp_path))

@@ -46,6 +46,8 @@ def load(folder: str | None, database: bool = True) -> dict:
     if database and os.path.exists(os.path.join(folder, RECORD_FILE)):
         try:
             entries = database_entries(folder, entries)
+        except Warning:  # a StaleTuningWarning that `-W error` raised: it names its buckets, keep it as it is
+            raise
         except Exception as err:  # noqa: BLE001 - a damaged database names its folder, not a TVM traceback
             raise WideError(f"{folder}: unreadable MetaSchedule database ({str(err).splitlines()[-1]})") from None
     return entries

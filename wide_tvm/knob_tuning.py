@@ -233,7 +233,7 @@ def database_entries(folder: str, entries: dict) -> dict:
 
     records = task_records(folder)
     current = {task for task, rec in records if is_current(rec.workload.mod)}
-    stale_only = sorted({task.name for task, _ in records} - {task.name for task in current})
+    stale_only = sorted(task.name for task in {task for task, _ in records} - current)
     if stale_only:
         warnings.warn(f"{folder}: {len(stale_only)} tuned kernel bucket(s) have only records timed on older kernel "
                       f"code ({', '.join(stale_only[:4])}{', ...' if len(stale_only) > 4 else ''}); they get the "

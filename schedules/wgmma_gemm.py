@@ -36,8 +36,8 @@ Every output element is written by one thread, with no atomics: deterministic.
   tensor cores do about the work that exists, not 64-128 rows of it a group (H200, gate/up g128 at 33-128
   tokens: 79-82 -> 72-74 us; tuned for <= 128 tokens only, see knob_space.KnobTask.choices).
   Knob `l2`: the weight copies' cp.async asks L2 to prefetch 64-256 bytes (`.L2::256B`): on the H200 the
-  swapped gate/up g128 at 48-64 tokens 73 -> 67 us, while the unswapped kernels at 512-4096 tokens and the direct
-  kernels' rings lost 2-8 % (docs/performance.md, the fourth round of 2026-12-01), so only swapped candidates have it.
+  swapped gate/up g128 at 48-64 tokens 73 -> 67 us, while the unswapped kernels at 512-4096 tokens and gate/up's
+  direct kernels (cp.async rings) lost 2-8 % (docs/performance.md, the fourth round of 2026-12-01), so only swapped candidates have it.
 * `wgmma_k_body` (down, O): token tiles in natural order; the block lists the groups its tokens run and steps
   through their K slices only (block-level skipping); groups narrower than a step share one, side by side.
 """

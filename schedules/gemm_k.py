@@ -54,7 +54,7 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
             "gemm_k", decode_knobs, lambda mt, knobs: gemv_k_body(G, gs, N, mt, knobs),
             many_token_kernels(tile_knobs, lambda: gemv_k_body(G, gs, N, TILE_TOKENS, PREFILL_KNOBS, True),
                                lambda k: tile_k_body(G, gs, N, k), lambda k: wgmma_k_body(G, gs, N, k)),
-            direct_bound("gemm_k", tile_knobs)) if small else None
+            direct_bound("gemm_k", tile_knobs, gs)) if small else None
 
         @T.macro
         def tiled(a, w, mask, used, out, n):

@@ -12,8 +12,8 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..weight_layout import stored_shape
-from .gemv import (DEFAULT_DECODE, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, gemv_mn_body, supports_mn,
-                   tensor_core_kernels)
+from .gemv import (DEFAULT_DECODE, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, direct_bound, gemv_mn_body,
+                   supports_mn, tensor_core_kernels)
 from .tile_gemm import DEFAULT_TILES, many_token_kernels, tile_mn_body
 from .wgmma_gemm import wgmma_mn_body
 from .tiles import TileConfig, cpu_kernels, tile_config, tile_dims
@@ -26,7 +26,7 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
             cpu_tile: TileConfig | tuple | None = None) -> tirx.PrimFunc:
     """x [n, K], w (and w_up for SwiGLU) [N, K] ("nk"), [K, N] ("kn") or tensor-core tiles ("tc", CUDA fp16),
     mask [n, G], counts [G], order [G, n], used [G + 1] (the mask reorder) -> out [n, N]. The tensor-core
-    direct kernels (n <= DIRECT_TOKENS["gemm_mn"]) read the mask itself; every other path walks the reorder."""
+    direct kernels (up to gemv.direct_bound tokens) read the mask itself; every other path walks the reorder."""
     G, gs, K = groups, group_size, k_dim
     N = G * gs
     check_layout(w_layout, target_kind, supports_mn(gs, K, dtype))
@@ -57,7 +57,8 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
             "gemm_mn", decode_knobs, lambda mt, knobs: gemv_mn_body(G, gs, K, swiglu, mt, knobs),
             many_token_kernels(tile_knobs, lambda: gemv_mn_body(G, gs, K, swiglu, TILE_TOKENS, PREFILL_KNOBS, True),
                                lambda k: tile_mn_body(G, gs, K, swiglu, k),
-                               lambda k: wgmma_mn_body(G, gs, K, swiglu, k))) if small else None
+                               lambda k: wgmma_mn_body(G, gs, K, swiglu, k)),
+            direct_bound("gemm_mn", tile_knobs, gs)) if small else None
 
         @T.macro
         def tiled(x, wg, wu, mask, counts, order, used, out, n):

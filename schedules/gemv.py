@@ -77,16 +77,28 @@ DIRECT_TOKENS = {"gemm_mn": 32, "gemm_k": MAX_TOKENS}
 # 33-64 tokens 52-54 us against 74-88 us direct, O 25-27 against 38-43 us (docs/performance.md); the mma.sync tile
 # GEMM (groups of 32, pre-Hopper targets) loses to the direct kernels there (down g32: 277 against 111-127 us).
 WGMMA_DIRECT_TOKENS = 32
+# ... and both hand 17-32 tokens to a Hopper wgmma pick whose tiles cover a group's tokens narrowly: gemm_mn's
+# swapped tiles (the token tile is wgmma's N) and gemm_k's for groups of a K step (64) or more. On the H200, 50 %
+# random masks, 17-32 tokens: gate/up g128 72-76 -> 67 us, Q 20-22 -> 18 us, down 46-52 -> 43-45 us, O 22-24 -> 18-20
+# us; down g32 (two groups a K step) lost (41-43 -> 45-50 us), and at 9-16 tokens the direct kernels won for every
+# kernel (docs/performance.md). No knob task is timed at 17-32 tokens, so records restamp across this bound
+# (tools/restamp_records.py --set gemv.TILE_TAKEOVER=32 rebuilds today's kernels with the bound before it).
+TILE_TAKEOVER = 16
 
 
-def direct_bound(kind: str, tile_knobs: tuple) -> int:
+def direct_bound(kind: str, tile_knobs: tuple, group_size: int) -> int:
     """Token counts up to which a tensor-core kernel of `kind` ("gemm_k" or a gemm_mn kind) runs its direct kernels,
-    given its many-token knobs per tile bucket (schedules/tile_gemm.py: tile_knobs). Past it gemm_mn's many-token
-    kernels read the mask reorder's sorted order (so its reorder launches from there on); no gemm_k kernel reads
-    the reorder at any count (passes/lower_gated.py: _reorder_bound)."""
+    given its many-token knobs per tile bucket (schedules/tile_gemm.py: tile_knobs) and group size. Past it gemm_mn's
+    many-token kernels read the mask reorder's sorted order unless they sort their tokens themselves
+    (wgmma_gemm.reorder_free_bound); no gemm_k kernel reads the reorder at any count (passes/lower_gated.py:
+    _reorder_bound)."""
+    first = tile_knobs[0]
     if kind == "gemm_k":
-        return WGMMA_DIRECT_TOKENS if tile_knobs[0].kernel == "wgmma" else DIRECT_TOKENS["gemm_k"]
-    return DIRECT_TOKENS["gemm_mn"]
+        if first.kernel != "wgmma":
+            return DIRECT_TOKENS["gemm_k"]
+        return min(WGMMA_DIRECT_TOKENS, TILE_TAKEOVER) if group_size >= 64 else WGMMA_DIRECT_TOKENS
+    swapped = first.kernel == "wgmma" and first.swap
+    return min(DIRECT_TOKENS["gemm_mn"], TILE_TAKEOVER) if swapped else DIRECT_TOKENS["gemm_mn"]
 
 
 DecodeKnobs = tuple  # knobs per DECODE_BUCKETS entry

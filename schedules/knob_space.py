@@ -114,7 +114,7 @@ def kernel_tasks(kind: str, groups: int, group_size: int, dim: int, dtype: str, 
                  wgmma: bool = False) -> list[KnobTask]:
     """Every task of one kernel on a target kind: a CPU tile per CPU bucket, or on CUDA the direct kernels'
     knobs per decode bucket they run (tensor-core layout only) and the many-token kernels' per tile bucket.
-    gemm_k keeps its 33-64-token direct task even where a wgmma tile pick takes those tokens (gemv.direct_bound):
+    The direct tasks stay up to DIRECT_TOKENS even where a wgmma tile pick takes 17-64 tokens (gemv.direct_bound):
     which of the two runs there depends on the tile pick, which tuning may change."""
     spec = (kind, groups, group_size, dim, dtype, layout)
     if target_kind == "llvm":

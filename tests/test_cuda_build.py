@@ -156,7 +156,8 @@ def test_bench_build_for_cuda(tmp_path):
 
 
 def test_bench_workloads_carry_their_kernels_direct_bound():
-    """A tuned wgmma pick for gemm_k moves its benchmark kernel's direct bound to 32 tokens; a workload that
+    """A tuned wgmma pick for gemm_k moves its benchmark kernel's direct bound to 16 tokens (groups of 64 or more;
+    32 for groups of 32), a swapped wgmma gemm_mn pick its to 16 (gemv.direct_bound); a workload that
     disagrees with its kernel is refused. The mask reorder the benchmark pairs gemm_k with never runs (gemm_k reads
     the mask itself, as LowerGatedLayers compiles it); gemm_mn's runs past its direct kernels and past the kernels
     that sort their tokens themselves."""
@@ -168,13 +169,16 @@ def test_bench_workloads_carry_their_kernels_direct_bound():
     k = Workload("k", "gemm_k", 4, 64, 256)
     tuned = {kernel_knobs.kernel_key("gemm_k", 4, 64, 256, "float16"): {"tiles": [["wgmma", 128, 1, 4]] * 3}}
     (bounded,) = with_bounds([k], "cuda", tuned, True)
-    assert (bounded.direct_tokens, bounded.reorder) == (32, "bench_reorder_g4_unread")
+    assert (bounded.direct_tokens, bounded.reorder) == (16, "bench_reorder_g4_unread")
+    half = Workload("k32", "gemm_k", 8, 32, 256)
+    tuned[kernel_knobs.kernel_key("gemm_k", 8, 32, 256, "float16")] = {"tiles": [["wgmma", 128, 1, 4]] * 3}
+    assert with_bounds([half], "cuda", tuned, True)[0].direct_tokens == 32
     assert with_bounds([k], "cuda", tuned, False)[0].direct_tokens == 64  # no wgmma: the mma.sync tiles
     assert UNREAD == lower_gated.UNREAD
     funcs = our_kernels([bounded, Workload("mn", "gemm_mn", 4, 64, 256)], "cuda", None, tuned, True)
     assert "bench_reorder_g4_unread" in funcs and "bench_reorder_g4_d32" in funcs
     assert f"n <= T.int64({UNREAD})" in funcs["bench_reorder_g4_unread"].script()
-    with pytest.raises(ValueError, match="bounds are 32 / 0 tokens, the workload says 64 / 0"):
+    with pytest.raises(ValueError, match="bounds are 16 / 0 tokens, the workload says 64 / 0"):
         our_kernels([k], "cuda", None, tuned, True)
     # a gemm_mn whose leading buckets run per-tile wgmma blocks sorts its tokens itself up to 512: no reorder there
     mn = Workload("mn", "gemm_mn", 4, 64, 256)
@@ -184,6 +188,9 @@ def test_bench_workloads_carry_their_kernels_direct_bound():
     assert with_bounds([mn], "cuda", tuned, False)[0].sorts == 0  # no wgmma: the mma.sync tiles read the reorder
     with pytest.raises(ValueError, match="bounds are 32 / 512 tokens, the workload says 32 / 0"):
         our_kernels([mn], "cuda", None, tuned, True)
+    tuned[kernel_knobs.kernel_key("gemm_mn", 4, 64, 256, "float16")] = {"tiles": [["wgmma", 24, 1, 4, 1, 0, 0, 1]] * 3}
+    (swapped,) = with_bounds([mn], "cuda", tuned, True)
+    assert (swapped.direct_tokens, swapped.sorts, swapped.reorder) == (16, 512, "bench_reorder_g4_d512")
 
 
 def test_mask_reorder_has_serial_and_parallel_paths():

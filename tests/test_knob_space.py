@@ -415,6 +415,12 @@ def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path, monkeypat
     monkeypatch.setenv("WIDE_RESTAMP_ONLY", "gemm_k/g4x32/d64/float32/cpu2")
     assert restamp.collect(restamp.kernel_hashes(folder, old), "today's code") == first
     monkeypatch.delenv("WIDE_RESTAMP_ONLY")
+    monkeypatch.setenv("WIDE_RESTAMP_SET", "gemv.TILE_TAKEOVER=32")  # what --set sets: a constant today's build uses
+    assert restamp.collect(restamp.kernel_hashes(folder, old), "today's code") == first  # (no CPU kernel reads it)
+    monkeypatch.setenv("WIDE_RESTAMP_SET", "gemv.NO_SUCH_BOUND=32")
+    with pytest.raises(SystemExit, match="wide_tvm.schedules.gemv has no NO_SUCH_BOUND"):
+        restamp.collect(restamp.kernel_hashes(folder, old), "today's code")
+    monkeypatch.delenv("WIDE_RESTAMP_SET")
     first_secs = float(task_records(folder)[0][1].run_secs[0])
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"same": [0]}))

@@ -4,6 +4,8 @@
     python tools/restamp_records.py tuning_logs/cuda-sm90 --from-report r.json --write  # rewrite from that
     python tools/restamp_records.py tuning_logs/cuda-sm90 --since REV --write           # both in one go
     python tools/restamp_records.py tuning_logs/cuda-sm90 --since REV --only 'gemm_mn' --write   # those tasks only
+    python tools/restamp_records.py tuning_logs/cuda-sm90 --since REV --set gemv.TILE_TAKEOVER=32 --write
+    python tools/restamp_records.py DB --since REV --since-package OLD --jobs 8 --report r.json  # 16 cores, no git
 
 Every record carries the hash of its space's kernel modules (schedules/code_version.py), so any edit there
 makes all of that space's records stale, also where the edit changed no kernel a record timed (e.g. which token
@@ -13,8 +15,11 @@ later change of a list cannot change what they mean. For each record stamped wit
 the record's kernel (its task at its knob values, schedules.knob_space.instantiate) under REV's modules, in a
 subprocess run from `git archive REV`, and under today's, and compares their structural hashes. A record whose
 kernel is the same TIR gets today's stamp; the others stay stale (wide-compile ignores them, `--prune` drops them).
-Building every record twice takes a while (31 minutes for 471 CUDA records on this 2-core machine), hence
-`--report` / `--from-report`.
+`--set MODULE.NAME=VALUE` builds today's kernels with a constant of a kernel module (wide_tvm.schedules.MODULE) set
+to VALUE (JSON): for a change that only moves a token bound between kernels, set to the value before it, so that a
+record is re-stamped if the change is the bound alone. That is only sound where no record was timed at a count
+that crosses the bound (the bound's comment says which). Building every record twice takes a while (31 minutes for
+471 CUDA records on this 2-core machine), hence `--report` / `--from-report`.
 """
 
 from __future__ import annotations
@@ -22,16 +27,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 
 HASHES = r"""
-import json, os, re, sys
+import importlib, json, os, re, sys
 import tvm, tvm_ffi
 from wide_tvm.knob_tuning import task_records
 from wide_tvm.schedules.code_version import code_version
 from wide_tvm.schedules.knob_space import choices_of, instantiate, knob_values, replayed
+for pin in filter(None, os.environ.get("WIDE_RESTAMP_SET", "").split(";")):  # today's build only (kernel_hashes)
+    name, value = pin.split("=", 1)
+    module, attr = name.rsplit(".", 1)
+    target = importlib.import_module("wide_tvm.schedules." + module)
+    if not hasattr(target, attr):
+        sys.exit(f"--set {pin}: wide_tvm.schedules.{module} has no {attr}")
+    setattr(target, attr, json.loads(value))
 given = json.load(open(sys.argv[3])) if len(sys.argv) > 3 else {}
 out = {}
 for i, (task, rec) in enumerate(task_records(sys.argv[1])):
@@ -52,18 +65,48 @@ json.dump(out, sys.stdout)
 """
 
 
+def with_path(package_root: str) -> str:
+    """PYTHONPATH with package_root first: its wide_tvm, and whatever else this process finds there (e.g. a TVM
+    that PYTHONPATH provides)."""
+    return os.pathsep.join(filter(None, (package_root, os.environ.get("PYTHONPATH", ""))))
+
+
 def kernel_hashes(folder: str, stamp: str, package_root: str | None = None,
-                  choices: str | None = None) -> subprocess.Popen:
+                  choices: str | None = None, only: str | None = None) -> subprocess.Popen:
     """A subprocess printing {record index: [space, code version, kernel hash, candidate lists]} of FOLDER's
     records stamped `stamp`, built by the wide_tvm package under package_root (default: the installed one); see
     `collect`. Records that do not store their candidate lists (templates older than `wide.choices`) are decoded
     with the lists of the JSON file `choices` ({record index: lists}) where it has them, else with the package's
-    own lists, which are then reported (else None)."""
-    env = dict(os.environ, PYTHONPATH=package_root) if package_root else None
+    own lists, which are then reported (else None). `only`: a regex of the task names to build (default: the
+    WIDE_RESTAMP_ONLY of this process)."""
+    env = dict(os.environ)
+    if package_root:
+        env |= {"PYTHONPATH": with_path(package_root), "WIDE_RESTAMP_SET": ""}
+    if only is not None:
+        env["WIDE_RESTAMP_ONLY"] = only
     return subprocess.Popen([sys.executable, "-c", HASHES, os.path.abspath(folder), stamp]
                             + ([os.path.abspath(choices)] if choices else []), env=env,
                             cwd=package_root or tempfile.gettempdir(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+
+
+def task_chunks(folder: str, stamp: str, jobs: int) -> list[str]:
+    """Regexes that split FOLDER's tasks with records stamped `stamp` (and matching WIDE_RESTAMP_ONLY) into up to
+    `jobs` groups of about equal record counts, one group a pair of builds."""
+    from wide_tvm.knob_tuning import task_records
+
+    counts: dict[str, int] = {}
+    for task, rec in task_records(folder):
+        if (str(rec.workload.mod["main"].attrs.get("wide.code", "")) == stamp
+                and re.search(os.environ.get("WIDE_RESTAMP_ONLY", ""), task.name)):
+            counts[task.name] = counts.get(task.name, 0) + 1
+    groups: list[list[str]] = [[] for _ in range(max(1, min(jobs, len(counts))))]
+    sizes = [0] * len(groups)
+    for name in sorted(counts, key=lambda n: -counts[n]):  # largest first, each into the lightest group
+        i = sizes.index(min(sizes))
+        groups[i].append(name)
+        sizes[i] += counts[name]
+    return ["^(" + "|".join(map(re.escape, g)) + ")$" for g in groups if g]
 
 
 def collect(run: subprocess.Popen, what: str) -> dict:
@@ -86,34 +129,41 @@ def package_at(rev: str, dest: str) -> str:
     return dest
 
 
-def compare(folder: str, since: str) -> tuple[set[int], dict[str, str]]:
+def compare(folder: str, since: str, jobs: int = 1, since_package: str | None = None
+            ) -> tuple[set[int], dict[str, str]]:
     """Indices (task_records order) of FOLDER's records stamped by `since`'s code whose kernel is the same today,
     and the candidate lists of `since`'s code for those records that do not store theirs: a record's decisions are
-    indices into the lists it was sampled from, so today's build must decode them with those, not today's."""
+    indices into the lists it was sampled from, so today's build must decode them with those, not today's. The
+    records are split by task over `jobs` pairs of builds run at once. `since_package`: a folder holding `since`'s
+    wide_tvm package (package_at's layout) instead of `git archive` (a machine without the repository)."""
     from wide_tvm.schedules.code_version import code_version
 
     with tempfile.TemporaryDirectory(prefix="wide-restamp-") as tmp:
-        old_root = package_at(since, tmp)
+        old_root = os.path.abspath(since_package) if since_package else package_at(since, tmp)
         probe = subprocess.run([sys.executable, "-c", "import sys; from wide_tvm.schedules.code_version import "
                                 "code_version as c; print(*(c(s) for s in sys.argv[1:]))", "cpu", "decode", "tile"],
-                               env=dict(os.environ, PYTHONPATH=old_root), cwd=old_root, capture_output=True,
+                               env=dict(os.environ, PYTHONPATH=with_path(old_root)), cwd=old_root, capture_output=True,
                                text=True, check=True).stdout.split()
         old, new, lists = {}, {}, {}
         for space, stamp in zip(("cpu", "decode", "tile"), probe):
-            if stamp != code_version(space):
-                # both builds at once (two processes); today's again with the old lists if some records need them
-                before, today = kernel_hashes(folder, stamp, old_root), kernel_hashes(folder, stamp)
+            if stamp == code_version(space):
+                continue
+            # both builds of each chunk at once; today's again with the old lists where some records need them
+            # and today's lists differ
+            chunks = task_chunks(folder, stamp, jobs)
+            runs = [(c, kernel_hashes(folder, stamp, old_root, only=c), kernel_hashes(folder, stamp, only=c))
+                    for c in chunks]
+            for n, (chunk, before, today) in enumerate(runs):
                 found = collect(before, f"{since}'s code")
+                now = collect(today, "today's code")
                 old |= found
                 given = {i: r[3] for i, r in found.items() if r[3] is not None}
                 lists |= given
-                if given:
-                    today.kill()
-                    today.communicate()
-                    with open(os.path.join(tmp, f"lists_{space}.json"), "w") as f:
+                if any(now[i][3] != v for i, v in given.items()):
+                    with open(os.path.join(tmp, f"lists_{space}_{n}.json"), "w") as f:
                         json.dump(given, f)
-                    today = kernel_hashes(folder, stamp, choices=f.name)
-                new |= collect(today, "today's code")
+                    now = collect(kernel_hashes(folder, stamp, choices=f.name, only=chunk), "today's code")
+                new |= now
     same = {int(i) for i, r in old.items() if new[i][2] == r[2]}
     print(f"{len(old)} records stamped by {since}'s code: {len(same)} build the same kernel today, "
           f"{len(old) - len(same)} do not; {len(lists)} get their candidate lists stored")
@@ -128,12 +178,22 @@ def main() -> int:
     p.add_argument("folder")
     p.add_argument("--since", help="git revision whose kernel code stamped the records")
     p.add_argument("--report", help="write the records that build the same kernel today here (JSON)")
-    p.add_argument("--from-report", help="take them from an earlier --report instead of building the kernels")
+    p.add_argument("--from-report", nargs="+", help="take them from earlier --report files (their union) instead "
+                   "of building the kernels")
     p.add_argument("--write", action="store_true", help="rewrite the database with the new stamps")
+    p.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                   help="build today's kernels with this constant of wide_tvm.schedules.MODULE (JSON value; see above)")
+    p.add_argument("--jobs", type=int, default=1, help="pairs of builds run at once, the records split by task "
+                   "(each pair takes two cores)")
+    p.add_argument("--since-package", help="a folder with --since's wide_tvm package (package_at's layout), for a "
+                   "machine without the repository")
     p.add_argument("--only", default="", help="build only the records of the tasks this regex finds (wide-tune's "
                    "task names; e.g. a kernel whose code changed knowingly, whose records are re-tuned instead)")
     args = p.parse_args()
     os.environ["WIDE_RESTAMP_ONLY"] = args.only  # read by the subprocesses that build the kernels
+    os.environ["WIDE_RESTAMP_SET"] = ";".join(args.set)  # ... today's only
+    if args.set and not args.since:
+        p.error("--set applies to the builds of --since")
     if bool(args.since) == bool(args.from_report):
         p.error("give --since REV (build and compare) or --from-report FILE")
     import tvm
@@ -142,11 +202,14 @@ def main() -> int:
     from wide_tvm.schedules.code_version import code_version
 
     if args.from_report:
-        with open(args.from_report) as f:
-            report = json.load(f)
-        same, lists = set(report["same"]), report.get("lists", {})
+        same, lists = set(), {}
+        for path in args.from_report:  # reports of parts (--only) of one database, e.g. run on several machines
+            with open(path) as f:
+                report = json.load(f)
+            same |= set(report["same"])
+            lists |= report.get("lists", {})
     else:
-        same, lists = compare(args.folder, args.since)
+        same, lists = compare(args.folder, args.since, args.jobs, args.since_package)
         if args.report:
             with open(args.report, "w") as f:
                 json.dump({"folder": args.folder, "since": args.since, "same": sorted(same), "lists": lists}, f)

@@ -61,7 +61,7 @@ def built_bounds(w: Workload, target_kind: str, tuned: dict | None, wgmma: bool)
         return 0, 0
     entry = (tuned or {}).get(kernel_key(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype), {})
     tiles = tile_knobs(entry.get("tiles"), wgmma)
-    return direct_bound(w.kind, tiles), 0 if w.kind == "gemm_k" else reorder_free_bound(tiles)
+    return direct_bound(w.kind, tiles, w.group_size), 0 if w.kind == "gemm_k" else reorder_free_bound(tiles)
 
 
 def with_bounds(workloads: list[Workload], target_kind: str, tuned: dict | None, wgmma: bool) -> list[Workload]:

@@ -29,7 +29,7 @@ class Workload:
     swiglu: bool = False
     dtype: str = "float16"
     # the built kernel's direct-kernel bound (schedules.gemv.direct_bound, set by `wide-bench build` from the tuned
-    # tile knobs: gemm_k stops at 32 tokens where its many-token kernel is the wgmma GEMM); 0: DIRECT_TOKENS[kind]
+    # tile knobs: 16 where a narrow wgmma tile takes over, 32 for gemm_k's other wgmma picks); 0: DIRECT_TOKENS[kind]
     direct: int = 0
     # the built gemm_mn's reorder-free bound (schedules.wgmma_gemm.reorder_free_bound of its tuned tile knobs, set
     # by `wide-bench build`): up to it its many-token kernels sort their tokens themselves; 0: none does

@@ -2,7 +2,7 @@
 
 from .gemm_k import gemm_k
 from .gemm_mn import gemm_mn
-from .gemv import DIRECT_TOKENS
+from .gemv import direct_bound
 from .mask_reorder import mask_reorder
 from .tiles import TileConfig, tile_config
 from .wgmma_gemm import reorder_free_bound
@@ -19,8 +19,9 @@ def gated_kernel(kind: str, groups: int, group_size: int, dim: int, dtype: str, 
 
 def gemm_mn_reorder_bound(tile_knobs: tuple) -> int:
     """Token counts up to which no kernel of a tensor-core gemm_mn with these many-token knobs (one per tile
-    bucket) reads the mask reorder: its direct kernels' and those that sort their tokens themselves."""
-    return max(DIRECT_TOKENS["gemm_mn"], reorder_free_bound(tile_knobs))
+    bucket) reads the mask reorder: its direct kernels' (gemv.direct_bound, which for gemm_mn does not depend on the
+    group size) and those that sort their tokens themselves."""
+    return max(direct_bound("gemm_mn", tile_knobs, 0), reorder_free_bound(tile_knobs))
 
 
 __all__ = ["gated_kernel", "gemm_k", "gemm_mn", "gemm_mn_reorder_bound", "mask_reorder", "TileConfig",

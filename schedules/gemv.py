@@ -80,7 +80,7 @@ WGMMA_DIRECT_TOKENS = 32
 # ... and both hand 17-32 tokens to a Hopper wgmma pick whose tiles cover a group's tokens narrowly: gemm_mn's
 # swapped tiles (the token tile is wgmma's N) and gemm_k's for groups of a K step (64) or more. On the H200, 50 %
 # random masks, 17-32 tokens: gate/up g128 71-75 -> 66-67 us, Q 21-22 -> 18-19 us, down 46-52 -> 43-45 us, O 21-24 ->
-# 18-21 us; down g32 (two groups a K step) lost (41-43 -> 45-50 us), and at 9-16 tokens the direct kernels won for every
+# 18-21 us; down g32 (two groups a K step) lost (41-44 -> 45-50 us), and at 9-16 tokens the direct kernels won for every
 # kernel (docs/performance.md). No knob task is timed at 17-32 tokens, so records restamp across this bound
 # (tools/restamp_records.py --set gemv.TILE_TAKEOVER=32 rebuilds today's kernels with the bound before it).
 TILE_TAKEOVER = 16

@@ -381,7 +381,8 @@ def test_records_keep_their_meaning_when_a_candidate_list_changes(tmp_path, monk
 
 def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path, monkeypatch):
     """tools/restamp_records.py: the kernel hashes it compares are the same for the same code and differ between
-    knob values; `--only` builds only the records of the tasks it names; `--write` gives today's stamp to exactly
+    knob values; `--jobs` splits the records by task (task_chunks); `--only` builds only the records of the tasks
+    it names; `--write` gives today's stamp to exactly
     the records its report names; `package_at` lays out an importable package of a git revision."""
     import importlib.util
     import json
@@ -410,8 +411,12 @@ def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path, monkeypat
     again = restamp.collect(restamp.kernel_hashes(folder, old), "today's code")
     assert first == again and sorted(first) == ["0", "1"] and first["0"][2] != first["1"][2]
     assert restamp.collect(restamp.kernel_hashes(folder, "0" * 16), "today's code") == {}
+    assert restamp.task_chunks(folder, old, 4) == [r"^(gemm_k/g4x32/d64/float32/cpu2)$"]  # --jobs: one task
+    assert restamp.collect(restamp.kernel_hashes(folder, old, only=restamp.task_chunks(folder, old, 4)[0]),
+                           "today's code") == first
     monkeypatch.setenv("WIDE_RESTAMP_ONLY", "/tile")  # what --only sets: this cpu task's records are not built
     assert restamp.collect(restamp.kernel_hashes(folder, old), "today's code") == {}
+    assert restamp.task_chunks(folder, old, 4) == []
     monkeypatch.setenv("WIDE_RESTAMP_ONLY", "gemm_k/g4x32/d64/float32/cpu2")
     assert restamp.collect(restamp.kernel_hashes(folder, old), "today's code") == first
     monkeypatch.delenv("WIDE_RESTAMP_ONLY")

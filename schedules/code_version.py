@@ -9,9 +9,11 @@ Python versions (3.12 added empty `type_params`): this machine runs 3.11, the GP
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import os
+import subprocess
 
 # The kernel modules each space's kernels are built from: a record timed on other code than today's is stale
 SPACE_SOURCES = {"cpu": ("gemm_mn", "gemm_k", "tiles", "weights", "dispatch"),
@@ -20,13 +22,29 @@ SPACE_SOURCES = {"cpu": ("gemm_mn", "gemm_k", "tiles", "weights", "dispatch"),
                           "dispatch")}
 
 
-@functools.cache
+# space -> the code version that counts as today's inside `records_of` (an A/B build against the committed records)
+_PINNED: dict[str, str] = {}
+
+
 def code_version(space: str) -> str:
-    """16 hex digits of a hash of the kernel modules behind a space (module docstring)."""
-    digest = hashlib.sha256()
+    """16 hex digits of a hash of the kernel modules behind a space (module docstring); inside `records_of(REV)`,
+    REV's."""
+    return _PINNED.get(space) or _tree_version(space)
+
+
+@functools.cache
+def _tree_version(space: str) -> str:
+    sources = []
     for name in SPACE_SOURCES[space]:
         with open(os.path.join(os.path.dirname(__file__), f"{name}.py"), encoding="utf-8") as f:
-            tree = ast.parse(f.read())
+            sources.append(f.read())
+    return _digest(sources)
+
+
+def _digest(sources: list[str]) -> str:
+    digest = hashlib.sha256()
+    for text in sources:
+        tree = ast.parse(text)
         for node in ast.walk(tree):
             body = getattr(node, "body", None)
             if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
@@ -34,6 +52,38 @@ def code_version(space: str) -> str:
                 node.body = body[1:] or [ast.Pass()]
         digest.update(_canonical(tree).encode())
     return digest.hexdigest()[:16]
+
+
+def code_version_at(rev: str, space: str) -> str:
+    """The code version of a space's kernel modules as of git revision `rev` of the checkout this package is in."""
+    from ..errors import WideError
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        root = subprocess.run(["git", "-C", here, "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        sources = [subprocess.run(["git", "-C", root, "show", f"{rev}:{os.path.relpath(here, root)}/{name}.py"],
+                                  capture_output=True, text=True, check=True).stdout
+                   for name in SPACE_SOURCES[space]]
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", "") or str(e)
+        raise WideError(f"cannot read the kernel modules of revision {rev!r} (a git checkout is needed): "
+                        f"{detail.strip()}") from None
+    return _digest(sources)
+
+
+@contextlib.contextmanager
+def records_of(rev: str):
+    """Within: tuning records stamped by revision `rev`'s kernel code count as today's, so a build of today's
+    kernels applies the picks the database made for `rev` (the A/B of a kernel edit before its records are
+    re-stamped or re-tuned). For benchmarks only: a record's timing is `rev`'s kernel's, not today's."""
+    saved = dict(_PINNED)
+    _PINNED.update({space: code_version_at(rev, space) for space in SPACE_SOURCES})
+    try:
+        yield dict(_PINNED)
+    finally:
+        _PINNED.clear()
+        _PINNED.update(saved)
 
 
 def _canonical(node) -> str:

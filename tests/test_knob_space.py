@@ -3,6 +3,7 @@ reads back (wide_tvm/knob_tuning.py). The MetaSchedule runs themselves: tests/te
 
 from __future__ import annotations
 
+import os
 import shutil
 import warnings
 
@@ -312,6 +313,50 @@ def test_code_version_ignores_docs_and_python_version_details():
     assert len({cv.code_version(s) for s in cv.SPACE_SOURCES}) == 3
 
 
+def _restamp_tool():
+    """tools/restamp_records.py as a module (tools/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "restamp_records", os.path.join(os.path.dirname(__file__), "..", "tools", "restamp_records.py"))
+    restamp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(restamp)
+    return restamp
+
+
+def test_records_of_a_revision_count_as_current_inside_the_pin(tmp_path, monkeypatch):
+    """code_version_at(REV) hashes REV's kernel modules as code_version hashes today's (HEAD's package, laid out as
+    the restamp tool does, agrees in a process of its own); inside records_of(REV) REV's versions are today's, so a
+    record REV's code stamped applies and one today's code stamped does not, and outside it is the other way round
+    (wide-bench build --records-of); a revision git does not know is a clear error."""
+    import subprocess
+    import sys
+
+    from wide_tvm.errors import WideError
+
+    restamp = _restamp_tool()
+    pkg = restamp.package_at("HEAD", str(tmp_path / "pkg"))
+    probe = subprocess.run([sys.executable, "-c", "import sys; from wide_tvm.schedules.code_version import "
+                            "code_version as c; print(*(c(s) for s in sys.argv[1:]))", *cv.SPACE_SOURCES],
+                           env=dict(os.environ, PYTHONPATH=restamp.with_path(pkg)), cwd=pkg, capture_output=True,
+                           text=True, check=True).stdout.split()
+    assert probe == [cv.code_version_at("HEAD", s) for s in cv.SPACE_SOURCES]
+    task = ks.KnobTask("gemm_k", 4, 16, 64, "float32", "kn", "cpu", 0)
+    today = ks.template(task)
+    monkeypatch.setattr(cv, "code_version_at", lambda rev, space: f"{rev}-{space}")
+    with cv.records_of("old") as versions:
+        assert versions == {s: f"old-{s}" for s in cv.SPACE_SOURCES}
+        assert not ks.is_current(today)
+        old = ks.template(task)  # stamped as REV's code would have stamped it
+        assert ks.is_current(old) and str(old["main"].attrs["wide.code"]) == "old-cpu"
+    assert ks.is_current(today) and not ks.is_current(old) and cv.code_version("cpu") == cv._tree_version("cpu")
+    monkeypatch.undo()
+    with pytest.raises(WideError, match="no-such-rev"):
+        with cv.records_of("no-such-rev"):
+            pass
+    assert cv.code_version("tile") == cv._tree_version("tile")
+
+
 def test_knob_sets_of_one_plan_become_one_module_for_the_search():
     """The postprocessor writes a direct-kernel candidate's knobs as its plan, so MetaSchedule's deduplication of
     identical modules catches aliases within a run; plans are fixed points of the fitting; the record's own trace
@@ -384,18 +429,14 @@ def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path, monkeypat
     knob values; `--jobs` splits the records by task (task_chunks); `--only` builds only the records of the tasks
     it names; `--write` gives today's stamp to exactly
     the records its report names; `package_at` lays out an importable package of a git revision."""
-    import importlib.util
     import json
-    import os
     import subprocess
     import sys
 
     from wide_tvm.knob_tuning import best_records, task_records
 
-    path = os.path.join(os.path.dirname(__file__), "..", "tools", "restamp_records.py")
-    spec = importlib.util.spec_from_file_location("restamp_records", path)
-    restamp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(restamp)
+    restamp = _restamp_tool()
+    path = restamp.__file__
     folder, old = str(tmp_path / "db"), "feedface00000000"
     db = open_database(folder)
     task = ks.KnobTask("gemm_k", 4, 32, 64, "float32", "kn", "cpu", 2)

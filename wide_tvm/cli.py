@@ -140,6 +140,9 @@ def bench_main(argv=None) -> int:
     b.add_argument("--sweep", nargs="?", const="all", choices=SWEEPS,
                    help="also build every knob candidate (all), the many-token tile kernels' alone (tiles), or the "
                         "Hopper wgmma GEMMs' alone (wgmma)")
+    b.add_argument("--records-of", metavar="REV",
+                   help="apply the database records stamped by git revision REV's kernel code (the A/B of a kernel "
+                        "edit before its records are re-stamped); bench.json says so")
     r = sub.add_parser("run", help="time them on the GPU (TVM runtime only); writes JSON")
     r.add_argument("dir")
     r.add_argument("--json", required=True)
@@ -169,7 +172,7 @@ def bench_main(argv=None) -> int:
         if args.cmd == "build":
             from .bench.build import build
 
-            print(f"wrote {build(args.dir, args.target, sweep=args.sweep)}")
+            print(f"wrote {build(args.dir, args.target, sweep=args.sweep, records_of=args.records_of)}")
         elif args.cmd == "cpu":
             import json
 

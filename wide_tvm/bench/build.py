@@ -7,6 +7,7 @@ DIR/bench.json: the workloads.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import replace
@@ -23,6 +24,7 @@ from ..compiler import REPO_TUNING_LOGS  # noqa: E402
 from ..kernel_knobs import kernel_key  # noqa: E402
 from ..passes import LowerGatedLayers, wide_pipeline  # noqa: E402
 from ..schedules import gated_kernel, mask_reorder  # noqa: E402
+from ..schedules.code_version import records_of as code_records_of  # noqa: E402
 from ..targets import has_wgmma, parse_target, target_folder  # noqa: E402
 from ..schedules.gemv import DECODE_BUCKETS, GemvKnobs, decode_knobs, direct_bound, supports  # noqa: E402
 from ..schedules.tile_gemm import DEFAULT_TILES, tile_knob, tile_knobs  # noqa: E402
@@ -117,14 +119,20 @@ def dense_module(workloads: list[Workload]) -> tvm.IRModule:
     return bb.get()
 
 
-def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None = None, sweep: str | None = None) -> str:
+def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None = None, sweep: str | None = None,
+          records_of: str | None = None) -> str:
+    """Our kernels (ours.so) and TVM's dense ones (tvm_dense.so) for the workloads, with the committed database's
+    picks; `records_of` REV: the picks of the records stamped by REV's kernel code (code_version.records_of), for
+    the A/B of a kernel edit whose records are not re-stamped yet; bench.json names REV and its code versions."""
     workloads = workloads or LLAMA_8B
     tgt = parse_target(target)
     if sweep not in (None, *SWEEPS):
         raise ValueError(f"unknown sweep {sweep!r}; one of {', '.join(SWEEPS)}")
-    os.makedirs(out_dir, exist_ok=True)
+    pinned = code_records_of(records_of) if records_of else contextlib.nullcontext()
     with tgt:
-        tuned = kernel_knobs.load(str(REPO_TUNING_LOGS / target_folder(tgt)))
+        with pinned as versions:  # (a bad REV fails here, before anything is written)
+            tuned = kernel_knobs.load(str(REPO_TUNING_LOGS / target_folder(tgt)))
+        os.makedirs(out_dir, exist_ok=True)
         workloads = with_bounds(workloads, tgt.kind.name, tuned, has_wgmma(tgt))
         funcs = our_kernels(workloads, tgt.kind.name, sweep, tuned, has_wgmma(tgt))
         tvm.compile(tvm.IRModule(funcs), tgt).export_library(
@@ -135,5 +143,6 @@ def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None =
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
         json.dump({"target": str(tgt), "workloads": [w.to_json() for w in workloads], "sweep": sweep,
                    "wgmma": has_wgmma(tgt),
-                   "layouts": {w.name: weight_layout_for(w, tgt.kind.name) for w in workloads}}, f, indent=1)
+                   "layouts": {w.name: weight_layout_for(w, tgt.kind.name) for w in workloads}}
+                  | ({"records_of": {"rev": records_of, "code_versions": versions}} if records_of else {}), f, indent=1)
     return out_dir

@@ -136,15 +136,27 @@ def test_decode_kernels_are_only_for_fp16_tiles():
             bad()
 
 
-def test_bench_build_for_cuda(tmp_path):
+def test_bench_build_for_cuda(tmp_path, monkeypatch):
     """wide-bench build: our kernels (and the many-token knob candidates: `--sweep tiles`, the cheaper of the two
-    sweeps to build) plus TVM's dense baseline, as device code."""
+    sweeps to build) plus TVM's dense baseline, as device code. The sweep here is cut to a few candidates of each
+    kind (the full lists cost 5 minutes of CI): tests/test_wgmma.py and test_tile_kernels_build_for_every_knob build
+    every candidate."""
     import json
 
-    from wide_tvm.bench.build import build
+    from wide_tvm.bench import workloads
+    from wide_tvm.bench.build import build, our_kernels
     from wide_tvm.bench.workloads import Workload
 
+    monkeypatch.setattr(workloads, "TILE_VARIANTS", (("gemv",), (128, 1, 3, 1)))
+    monkeypatch.setattr(workloads, "WGMMA_VARIANTS", (("wgmma", 128, 4, 4), ("wgmma", 64, 1, 4), ("wgmma", 64, 2, 4, 4),
+                                                      ("wgmma", 32, 1, 8, 1, 0, 0, 1)))
     small = [Workload("mn", "gemm_mn", 4, 32, 64, swiglu=True), Workload("k", "gemm_k", 4, 32, 64)]
+    # every candidate that fits: gemm_k's N of 64 only the wgmma tile of one 64-row N tile, gemm_mn all four
+    swept = sorted(n for n in our_kernels(small, "cuda", "tiles", None, True)
+                   if n.startswith(("bench_mn_", "bench_k_")))
+    assert swept == ["bench_k_gemv64", "bench_k_t128r1s3p1", "bench_k_wg64n64s4", "bench_mn_gemv64",
+                     "bench_mn_t128r1s3p1", "bench_mn_wg128n256s4", "bench_mn_wg32n64s8t", "bench_mn_wg64n128s4k4",
+                     "bench_mn_wg64n64s4"], swept
     build(str(tmp_path), "cuda", small, sweep="tiles")
     _assert_device_code(tmp_path / "ours.so")
     _assert_device_code(tmp_path / "tvm_dense.so")

@@ -216,6 +216,10 @@ def test_bench_report_table_and_plot(tmp_path):
     assert "| 67% |" in table and "| 17% |" in table  # ours / roofline: 20 us of 30 us (M = 1), of 120 us (M = 4)
     png = report.plot(result, str(tmp_path / "p.png"))
     assert open(png, "rb").read(4) == b"\x89PNG"
+    # an all-skipped row (sparsity 1: the kernel's fixed cost) has no limit ratios: "-", and no point in the plot
+    rows.append(dict(rows[0], sparsity=1.0, limit_us=0.0, limit_speedup_vs_cublas=None, dense_limit_speedup=None))
+    assert "| - | 0% | - |" in report.markdown(result, sparsity=1.0)
+    assert open(report.plot(result, str(tmp_path / "q.png")), "rb").read(4) == b"\x89PNG"
 
 
 def test_bench_rows_cycle_through_a_pool_of_masks(capsys):
@@ -236,6 +240,9 @@ def test_bench_rows_cycle_through_a_pool_of_masks(capsys):
     with pytest.raises(SystemExit):
         bench_main(["run", "build_dir", "--json", "x.json", "--draws", "0"])
     assert "--draws 0: draw at least 1 mask per row" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_main(["run", "build_dir", "--json", "x.json", "--sparsity", "0.5", "1.5"])
+    assert "--sparsity 0.5 1.5: each must be in [0, 1]" in capsys.readouterr().err
 
 
 def test_bench_report_renders_a_knob_sweep(tmp_path, capsys):

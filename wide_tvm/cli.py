@@ -168,6 +168,8 @@ def bench_main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "run" and args.draws < 1:
         p.error(f"--draws {args.draws}: draw at least 1 mask per row")
+    if args.cmd == "run" and any(not 0 <= s <= 1 for s in args.sparsity or ()):
+        p.error(f"--sparsity {' '.join(map(str, args.sparsity))}: each must be in [0, 1] (1: every group skipped)")
     try:
         if args.cmd == "build":
             from .bench.build import build

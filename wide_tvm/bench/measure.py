@@ -21,6 +21,7 @@ import numpy as np
 
 from ..kernel_reference import make_mask
 from ..weight_layout import pack
+from .report import times
 from .workloads import (DECODE_BUCKETS, MASKS, PREFILL_SWEEP_TOKENS, SPARSITIES, SWEEP_TOKENS, TOKENS, Workload,
                         swept_variants, tile_bucket, variant_name)
 
@@ -241,12 +242,14 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
                            "cublas_us": t_cublas, "tvm_dense_us": t_tvm, "ours_us": t_ours,
                            "kernel_us": t_kernel, "reorder_us": t_reorder, "limit_us": limit,
                            "speedup_vs_cublas": t_cublas / t_ours,
-                           "limit_speedup_vs_cublas": t_cublas / limit, "dense_limit_speedup": 1 / (1 - sp),
+                           # (an all-skipped row, s = 1, has no work: no limit ratio; its time is the fixed cost)
+                           "limit_speedup_vs_cublas": t_cublas / limit if limit > 0 else None,
+                           "dense_limit_speedup": 1 / (1 - sp) if sp < 1 else None,
                            "rel_err": err}
                     rows.append(row)
                     progress(f"{w.name:14s} M={m:5d} s={sp:.2f} {mk:7s} cuBLAS {t_cublas:9.1f} us  TVM dense "
                              f"{t_tvm:9.1f} us  ours {t_ours:9.1f} us (reorder {t_reorder:6.1f})  "
-                             f"x{t_cublas / t_ours:5.2f}  limit x{t_cublas / limit:5.2f}  err {err:.1e}  "
+                             f"x{t_cublas / t_ours:5.2f}  limit {times(row['limit_speedup_vs_cublas'])}  err {err:.1e}  "
                              f"used groups {min(used)}-{max(used)} of {w.groups}")
         if json_path:
             with open(json_path, "w") as f:

@@ -19,9 +19,14 @@ def markdown(result: dict, sparsity: float = 0.5, mask: str = "random") -> str:
             continue
         lines.append(f"| {r['workload']} | {r['tokens']} | {r['cublas_us']:.1f} | {r['tvm_dense_us']:.1f} | "
                      f"{r['ours_us']:.1f} ({r['reorder_us']:.1f}) | {r['speedup_vs_cublas']:.2f}x | "
-                     f"{r['limit_speedup_vs_cublas']:.2f}x | {r['limit_us'] / r['ours_us']:.0%} | "
-                     f"{r['dense_limit_speedup']:.2f}x | {r['rel_err']:.1e} |")
+                     f"{times(r['limit_speedup_vs_cublas'])} | {r['limit_us'] / r['ours_us']:.0%} | "
+                     f"{times(r['dense_limit_speedup'])} | {r['rel_err']:.1e} |")
     return "\n".join(lines)
+
+
+def times(ratio: float | None) -> str:
+    """A speedup as "1.23x"; "-" where a row has none (all-skipped masks: no work, no limit)."""
+    return "-" if ratio is None else f"{ratio:.2f}x"
 
 
 def sweep_markdown(result: dict) -> str:
@@ -53,7 +58,7 @@ def plot(result: dict, path: str, mask: str = "random") -> str:
         rows = [r for r in result["rows"] if r["workload"] == name and r["mask"] == mask]
         for sp in sorted({r["sparsity"] for r in rows}):
             pts = sorted((r["tokens"], r["speedup_vs_cublas"], r["limit_speedup_vs_cublas"])
-                         for r in rows if r["sparsity"] == sp)
+                         for r in rows if r["sparsity"] == sp and r["limit_speedup_vs_cublas"] is not None)
             line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"ours s={sp}")
             ax.plot([p[0] for p in pts], [p[2] for p in pts], ls=":", color=line.get_color(), label=f"limit s={sp}")
         ax.axhline(1.0, color="k", lw=0.8)

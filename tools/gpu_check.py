@@ -72,9 +72,9 @@ def _rel(out, ref) -> float:
     return diff / scale if scale > 0 else diff
 
 
-def check_kernels(build_dir: str, rows: list, counts: tuple | None = None) -> None:
+def check_kernels(build_dir: str, rows: list, token_counts: tuple | None = None) -> None:
     """Every kernel case of BUILD_DIR/kernels.so against torch, twice each (determinism), at its token counts (or
-    `counts`, for every GEMM case: e.g. many-token counts, past where the defaults stop for Llama shapes)."""
+    `token_counts`, for every GEMM case: e.g. many-token counts, past where the defaults stop for Llama shapes)."""
     import tvm
 
     lib = tvm.runtime.load_module(os.path.join(build_dir, "kernels.so"))
@@ -104,8 +104,8 @@ def check_kernels(build_dir: str, rows: list, counts: tuple | None = None) -> No
             wg, wu = (randn(*wshape, dtype=dtype, scale=1 / np.sqrt(dim)) for _ in range(2))
         if spec["kind"] == "mask_reorder":  # also past one 4096-token round of the parallel partition
             counts_to_check = TOKENS + (4095, 4096, 4097, 9000)
-        elif counts:
-            counts_to_check = counts
+        elif token_counts:  # (not `counts`: the reorder cases below name their output so)
+            counts_to_check = token_counts
         else:
             counts_to_check = TOKENS if not big else (1, 4, 8, 9, 16, 17, 31, 32, 33, 47, 64, 65, 130, 300) + (
                 (511, 512, 513) if spec.get("reorder_free", 0) > 64 else ())  # both sides of the kernels' sorting

@@ -24,6 +24,7 @@ from ..schedules.tile_gemm import DEFAULT_TILES, tile_knobs
 from ..weight_layout import TC_CHUNK, TC_ROWS, stored_shape
 from ..schedules.tiles import tiles_from_log
 from ..schedules.root_block import with_root_block
+from ..schedules.dependent_launch import dependent_launch
 from .mask_analysis import MaskInfo, analyse_mask, op_name, resolve
 from .patterns import gated_projection, gated_swiglu_ffn
 from .query_projection import binding_order, find_query_projection, vars_read
@@ -65,10 +66,12 @@ class _State:
     func: relax.Function | None = None  # the function being rewritten (binding order for query_projection)
     queries: list = field(default_factory=list)  # _QueryPlan of each gated attention's query projection
     wgmma: bool = False  # the target compiles Hopper wgmma (sm_90a): tuned wgmma tile picks are kept
+    dependent: bool = False  # kernels launched as programmatic dependents (sm_90 on: schedules/dependent_launch.py)
 
     def kernel(self, name: str, build) -> tvm.ir.GlobalVar:
         if name not in self.kernels:
-            func = with_root_block(build()).with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
+            func = dependent_launch(build()) if self.dependent else build()
+            func = with_root_block(func).with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
             self.kernels[name] = self.builder.add_func(func, name)
         return self.kernels[name]
 
@@ -402,9 +405,11 @@ def _replace_params(func: relax.Function, repacked: dict) -> relax.Function:
 class LowerGatedLayers:
     """Find router-gated layers with dpl patterns and lower them; `self.layers` reports what was lowered."""
 
-    def __init__(self, target_kind: str, enabled: bool = True, knobs: dict | None = None, wgmma: bool = False):
+    def __init__(self, target_kind: str, enabled: bool = True, knobs: dict | None = None, wgmma: bool = False,
+                 dependent: bool = False):
         self.target_kind = target_kind
         self.wgmma = wgmma
+        self.dependent = dependent
         self.enabled = enabled
         self.knobs = knobs or {}
         # weight parameter name -> (source layout, layout the kernels read); the compiler repacks the arrays
@@ -420,7 +425,7 @@ class LowerGatedLayers:
             if not isinstance(func, relax.Function):
                 continue
             state = _State(self.target_kind, relax.analysis.get_var2val(func), builder, self.knobs,
-                           tuple(func.params), kernels=kernels, wgmma=self.wgmma)
+                           tuple(func.params), kernels=kernels, wgmma=self.wgmma, dependent=self.dependent)
             ffn = gated_swiglu_ffn()
             func = rewrite_call(ffn.root, _rewrite_ffn(state, ffn), func)
             state.var2val = relax.analysis.get_var2val(func)

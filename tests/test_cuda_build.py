@@ -38,7 +38,58 @@ def test_model_builds_for_cuda(exported, tmp_path):
     assert len(compiled.layers) == 2 * cfg.num_layers
     lib = compiled.export(str(tmp_path / "m.so"))
     _assert_device_code(lib)
+    # sm_90: our kernels (gated ones, reorders) are launched as dependents, and only they: each of those waits first
+    modules, todo = [], [compiled.executable.mod]
+    while todo:  # the VM executable imports the host module, which imports the CUDA one
+        modules.append(todo.pop())
+        todo += list(modules[-1].imports)
+    starts = _kernel_starts("".join(m.inspect_source() for m in modules if m.kind == "cuda"))
+    waiting = [name for name, first in starts.items() if first[0] == "tvm_builtin_ptx_griddepcontrol_wait();"]
+    assert waiting and len(waiting) < len(starts)  # TVM's own kernels (norms, attention) are launched plainly
+    assert open(lib, "rb").read().count(PDL_FLAG) == len(waiting)
     assert (tmp_path / "m.weights.npz").exists()
+
+
+PDL_FLAG = b"tirx.use_programtic_dependent_launch"
+
+
+def _kernel_starts(source: str) -> dict[str, list[str]]:
+    """The first two statements (after declarations) of every kernel defined in CUDA source."""
+    import re
+
+    decl = re.compile(r"^(alignas\(\d+\) |__shared__ |extern __shared__ )")
+    starts = {}
+    for m in re.finditer(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\([^)]*\) \{', source):
+        lines = (ln.strip() for ln in source[m.end():].splitlines())
+        starts[m.group(1)] = [ln for ln in lines if ln and not decl.match(ln)][:2]
+    return starts
+
+
+def test_dependent_launch_waits_first_in_every_kernel(tmp_path):
+    """Every kernel of a gated PrimFunc launched as a programmatic dependent waits for the kernel before it ahead
+    of any other statement: the decode kernels with their split sum, the wgmma tiles with theirs, the reorder."""
+    from wide_tvm.schedules.dependent_launch import LAUNCH_PARAMS, PDL, dependent_launch
+    from wide_tvm.schedules.gemv import GemvKnobs
+    from wide_tvm.schedules.tile_gemm import tile_knob
+    from wide_tvm.targets import launches_dependents, parse_target
+
+    assert [launches_dependents(parse_target(t)) for t in ("cuda", "cuda:sm_80", "cuda:sm_100", "llvm")] == \
+        [True, False, True, False]
+    split = (GemvKnobs(8, 2, 2, 0, 1, 4),) + (GemvKnobs(),) * 4  # 1 token: four blocks split K, then a sum
+    tiles = (tile_knob(["wgmma", 128, 2, 6, 4]),) * 3
+    funcs = {"k": dependent_launch(gemm_k(112, 128, 4096, "float16", "tc", "cuda", split, tiles)),
+             "reorder": dependent_launch(mask_reorder(112, "cuda"))}
+    assert list(funcs["k"].attrs[LAUNCH_PARAMS]) == [PDL]
+    assert list(dependent_launch(funcs["k"]).attrs[LAUNCH_PARAMS]) == [PDL]  # applied twice: still one flag
+    target = parse_target("cuda")
+    with target:
+        lib = tvm.compile(tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in funcs.items()}), target)
+    starts = _kernel_starts(lib.mod.imports[0].inspect_source())
+    assert len([n for n in starts if n.startswith("k_")]) == 6 and len(starts) >= 7  # 3 direct (+ sum), tile + sum
+    assert all(s[0] == "tvm_builtin_ptx_griddepcontrol_wait();" for s in starts.values()), starts
+    assert not any("launch_dependents" in s[1] for s in starts.values())  # never triggered early
+    lib.export_library(str(tmp_path / "k.so"))
+    assert open(tmp_path / "k.so", "rb").read().count(PDL_FLAG) == len(starts)
 
 
 def test_decode_kernels_use_tensor_cores_and_dispatch_on_tokens():

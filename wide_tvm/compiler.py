@@ -18,7 +18,7 @@ import tvm  # noqa: E402
 
 from .frontends.loader import ImportedModel, import_model  # noqa: E402
 from .passes import LowerGatedLayers, wide_pipeline  # noqa: E402
-from .targets import has_wgmma, parse_target, target_folder  # noqa: E402
+from .targets import has_wgmma, launches_dependents, parse_target, target_folder  # noqa: E402
 
 REPO_TUNING_LOGS = Path(__file__).resolve().parent.parent / "tuning_logs"
 
@@ -99,7 +99,8 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
         raise WideError(f"target {target!r}: only cuda and llvm targets are supported")
     imported = import_model(model)
     log = _tuning_log(tgt, tuning_log)
-    lower = LowerGatedLayers(tgt.kind.name, enabled=not dense, knobs=kernel_knobs.load(log), wgmma=has_wgmma(tgt))
+    lower = LowerGatedLayers(tgt.kind.name, enabled=not dense, knobs=kernel_knobs.load(log), wgmma=has_wgmma(tgt),
+                             dependent=launches_dependents(tgt))
     ms_log = log if log and os.path.exists(os.path.join(log, "database_workload.json")) else None
     try:
         with tgt:

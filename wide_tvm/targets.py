@@ -49,6 +49,12 @@ def target_folder(target) -> str:
     return target.kind.name
 
 
+def launches_dependents(target) -> bool:
+    """Whether `target`'s GPUs launch kernels as programmatic dependents (sm_90 on; schedules/dependent_launch.py)."""
+    match = re.fullmatch(r"sm_(\d+)a?", str(target.attrs.get("arch", ""))) if target.kind.name == "cuda" else None
+    return match is not None and int(match.group(1)) >= 90
+
+
 def has_wgmma(target) -> bool:
     """Whether `target`'s device code gets Hopper's wgmma instructions (sm_90, compiled for sm_90a)."""
     return target.kind.name == "cuda" and str(target.attrs.get("arch", "")) in ("sm_90", "sm_90a")

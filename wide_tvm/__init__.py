@@ -7,11 +7,12 @@ until it is used.
 from .errors import WideError
 
 
-def compile(model, target: str = "llvm", tuning_log: str | None = None, dense: bool = False):  # noqa: A001
+def compile(model, target: str = "llvm", tuning_log: str | None = None, dense: bool = False,  # noqa: A001
+            dependent_launch: bool = True):
     """Compile a .onnx/.pt2 path or an ExportedProgram; returns an object with `.export(path)`."""
     from .compiler import compile as _compile
 
-    return _compile(model, target, tuning_log, dense)
+    return _compile(model, target, tuning_log, dense, dependent_launch)
 
 
 def load(path: str, device: str = "cpu"):

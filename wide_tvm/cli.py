@@ -79,13 +79,17 @@ def compile_main(argv=None) -> int:
                    help="llvm, cuda (sm_90), cuda:sm_XX, a TVM tag (nvidia/nvidia-h100) or target JSON")
     p.add_argument("-o", "--output", required=True, help="OUT.so (weights go to OUT.weights.npz)")
     p.add_argument("--tuning-log", help="MetaSchedule database folder (default: tuning_logs/<target>/ if present)")
+    p.add_argument("--no-dependent-launch", action="store_true",
+                   help="sm_90+: launch the gated kernels plainly, not as programmatic dependents of the kernel before "
+                        "them (for drivers or runtimes without programmatic dependent launch)")
     args = p.parse_args(argv)
     try:
         from . import compile as wide_compile
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            compiled = wide_compile(args.model, args.target, args.tuning_log)
+            compiled = wide_compile(args.model, args.target, args.tuning_log,
+                                    dependent_launch=not args.no_dependent_launch)
         for w in caught:
             if w.category.__name__ == "NoGatedLayersWarning":
                 print(f"warning: {w.message}", file=sys.stderr)

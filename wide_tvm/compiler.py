@@ -87,10 +87,11 @@ def _repacked(w, src: str, layout: str):
 
 
 def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa: A001
-            dense: bool = False) -> Compiled:
+            dense: bool = False, dependent_launch: bool = True) -> Compiled:
     """Compile a .onnx / .pt2 path or an ExportedProgram for `target` (see `parse_target`).
 
     `dense=True` skips the gated-layer lowering: the same pipeline, TVM's dense kernels (a baseline).
+    `dependent_launch=False` launches the gated kernels plainly on sm_90+ too (schedules/dependent_launch.py).
     """
     tgt = parse_target(target) if isinstance(target, str) else target
     if tgt.kind.name == "cuda" and nvcc_path() is None:
@@ -100,7 +101,7 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     imported = import_model(model)
     log = _tuning_log(tgt, tuning_log)
     lower = LowerGatedLayers(tgt.kind.name, enabled=not dense, knobs=kernel_knobs.load(log), wgmma=has_wgmma(tgt),
-                             dependent=launches_dependents(tgt))
+                             dependent=dependent_launch and launches_dependents(tgt))
     ms_log = log if log and os.path.exists(os.path.join(log, "database_workload.json")) else None
     try:
         with tgt:

@@ -132,6 +132,17 @@ def package_at(rev: str, dest: str) -> str:
     return dest
 
 
+def package_versions(root: str) -> dict[str, str]:
+    """Code version per space of the wide_tvm package laid out under `root` (package_at), computed by a process of
+    its own: its kernel modules, not the ones this process imported."""
+    spaces = ("cpu", "decode", "tile")
+    probe = subprocess.run([sys.executable, "-c", "import sys; from wide_tvm.schedules.code_version import "
+                            "code_version as c; print(*(c(s) for s in sys.argv[1:]))", *spaces],
+                           env=dict(os.environ, PYTHONPATH=with_path(root)), cwd=root, capture_output=True,
+                           text=True, check=True).stdout.split()
+    return dict(zip(spaces, probe))
+
+
 def compare(folder: str, since: str, jobs: int = 1, since_package: str | None = None
             ) -> tuple[set[int], dict[str, str]]:
     """Indices (task_records order) of FOLDER's records stamped by `since`'s code whose kernel is the same today,
@@ -143,12 +154,8 @@ def compare(folder: str, since: str, jobs: int = 1, since_package: str | None = 
 
     with tempfile.TemporaryDirectory(prefix="wide-restamp-") as tmp:
         old_root = os.path.abspath(since_package) if since_package else package_at(since, tmp)
-        probe = subprocess.run([sys.executable, "-c", "import sys; from wide_tvm.schedules.code_version import "
-                                "code_version as c; print(*(c(s) for s in sys.argv[1:]))", "cpu", "decode", "tile"],
-                               env=dict(os.environ, PYTHONPATH=with_path(old_root)), cwd=old_root, capture_output=True,
-                               text=True, check=True).stdout.split()
         old, new, lists = {}, {}, {}
-        for space, stamp in zip(("cpu", "decode", "tile"), probe):
+        for space, stamp in package_versions(old_root).items():
             if stamp == code_version(space):
                 continue
             # both builds of each chunk at once; today's again with the old lists where some records need them

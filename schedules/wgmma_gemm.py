@@ -344,6 +344,42 @@ def _acc_col(j, tid, e):
     return j * 8 + tid % 4 * 2 + e % 2
 
 
+def staged_tile_store(knobs: TileKnobs, nb: int, ring: Ring):
+    """Macro (xs, base, acc, tid, out, row0, col0, n): the block's fp16 tile (the warpgroups' accumulators, `tokens`
+    rows x nb columns) into out[row0 + r, col0 + c] for rows below n, through the ring. Stored straight from the
+    accumulator fragments, a warp's store covers 8 rows x 8 bytes (a quarter of each 32-byte sector, 2 bytes a
+    thread); staged in shared memory first (rows padded by 16 bytes, so a fragment store's 8 rows fall in
+    different banks), every store is 16 bytes and a warp's cover 512 contiguous bytes. Called by every thread of
+    the block after the K loop (its block barriers: the last wgmmas of every warpgroup read the ring)."""
+    pitch = nb + 8  # halves per staged row
+    units = knobs.tokens * nb // 8  # 16-byte stores of the tile
+    if knobs.tokens * pitch * 2 > knobs.stages * ring.stage:
+        raise ValueError(f"tile knobs {knobs}: the staged {knobs.tokens} x {nb} tile does not fit the ring")
+
+    @T.macro
+    def run(xs, base, acc, tid, out, row0, col0, n):
+        T.tvm_storage_sync("shared")  # every warpgroup's wgmmas are done with the ring
+        if tid < ring.consumers:
+            for j in T.unroll(nb // 8):
+                for e in T.unroll(4):
+                    # (only rows below n: unconditional reads of the accumulators after the K loop make ptxas
+                    # serialise the loop's wgmmas, C7514)
+                    if row0 + _acc_row(tid, e) < n:
+                        xs[base[0] // 2 + _acc_row(tid, e) * pitch + _acc_col(j, tid, e)] = T.Cast(
+                            "float16", acc[4 * j + e])
+        T.tvm_storage_sync("shared")
+        for i in T.unroll((units + ring.threads - 1) // ring.threads):
+            if i * ring.threads + tid < units:
+                if row0 + (i * ring.threads + tid) // (nb // 8) < n:
+                    for v in T.vectorized(8):  # (base[0] // 16 * 8: the load's start provably 16-byte aligned)
+                        out[row0 + (i * ring.threads + tid) // (nb // 8),
+                            col0 + (i * ring.threads + tid) % (nb // 8) * 8 + v] = xs[
+                            base[0] // 16 * 8 + (i * ring.threads + tid) // (nb // 8) * pitch
+                            + (i * ring.threads + tid) % (nb // 8) * 8 + v]
+
+    return run
+
+
 def ring_bytes(knobs: TileKnobs, nb: int) -> int:
     """Dynamic shared memory of one block: the ring (and its mbarriers, with producer warps) plus the alignment
     slack."""
@@ -929,6 +965,7 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
         T.cuda.mbarrier_wait(tbar.ptr_to([s % S]), s // S % 2)
 
     run = wgmma_mainloop(knobs, NB, issue, landed if tma else None, lookahead if ahead else None)
+    staged_store = staged_tile_store(knobs, NB, ring)
 
     def splits(n):
         """Blocks splitting K at n tokens (int32): gemm_k_splits of the token tiles."""
@@ -971,16 +1008,27 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                     else:  # (kernels without lookahead read the list where they use it)
                         run(xs, base, desc, acc, nst[0], tid, a, w, tbar, sused, sused, first, bt, sp[2],
                             tid - ring.copier0, n)
-                    if tid < ring.consumers:  # the warpgroups (always, without producer warps)
-                        for j in T.unroll(NB // 8):
-                            for e in T.unroll(4):
-                                if bt * BT + _acc_row(tid, e) < nn(n):
-                                    if sp[0] > 1:
-                                        ws[(sp[1] * nn(n) + bt * BT + _acc_row(tid, e)) * N + sp[2] * NB
-                                           + _acc_col(j, tid, e)] = acc[4 * j + e]
-                                    else:
-                                        out[bt * BT + _acc_row(tid, e), sp[2] * NB + _acc_col(j, tid, e)] = \
-                                            T.Cast("float16", acc[4 * j + e])
+                    if knobs.ksplit == 1:  # the tile leaves through shared memory (staged_tile_store)
+                        if sp[0] > 1:
+                            if tid < ring.consumers:  # the warpgroups (always, without producer warps)
+                                for j in T.unroll(NB // 8):
+                                    for e in T.unroll(4):
+                                        if bt * BT + _acc_row(tid, e) < nn(n):
+                                            ws[(sp[1] * nn(n) + bt * BT + _acc_row(tid, e)) * N + sp[2] * NB
+                                               + _acc_col(j, tid, e)] = acc[4 * j + e]
+                        else:
+                            staged_store(xs, base, acc, tid, out, bt * BT, sp[2] * NB, nn(n))
+                    else:  # a split knob (every count splits K): as before the staging, the out branch never runs
+                        if tid < ring.consumers:  # the warpgroups (always, without producer warps)
+                            for j in T.unroll(NB // 8):
+                                for e in T.unroll(4):
+                                    if bt * BT + _acc_row(tid, e) < nn(n):
+                                        if sp[0] > 1:
+                                            ws[(sp[1] * nn(n) + bt * BT + _acc_row(tid, e)) * N + sp[2] * NB
+                                               + _acc_col(j, tid, e)] = acc[4 * j + e]
+                                        else:
+                                            out[bt * BT + _acc_row(tid, e), sp[2] * NB + _acc_col(j, tid, e)] = \
+                                                T.Cast("float16", acc[4 * j + e])
 
     @T.macro
     def body(a, w, mask, used, out, n):

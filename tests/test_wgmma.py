@@ -3,7 +3,9 @@ device code for every knob (nvcc, sm_90a). Their numerics are checked on the H20
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
 
 import pytest
 
@@ -365,3 +367,22 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
     assert any("__ballot_sync" in k and "order_ptr" not in k.split("{")[0] for k in wgmma_mn)
     assert any("__ballot_sync" not in k and "order_ptr" in k.split("{")[0] for k in wgmma_mn)
     assert b"sm_90a" in open(tmp_path / "a.so", "rb").read()  # built for Hopper's arch-specific features
+    # gemm_k's fp16 tile leaves through shared memory, 16 bytes a store, none straight from an accumulator; a split
+    # knob's kernel (which always splits K) is as it was: fp32 partials, and an fp16 branch that never runs
+    staged = {}
+    for name, kind, _, v in cases:
+        if kind == "k":
+            body = [k for k in kernels if re.match(rf" void __launch_bounds__\(\d+\) {name}_kernel", k) and "wgmma" in k]
+            assert len(body) == 1, name
+            direct = re.search(r"out_ptr\[[^\n]*\] = \(\(half\)acc_ptr\[", body[0]) is not None
+            staged[name] = "*(uint4*)(out_ptr" in body[0] and not direct
+            assert staged[name] == (tile_knob(v).ksplit == 1), (name, v)
+    assert any(staged.values()) and not all(staged.values())
+    # ptxas keeps every kernel's wgmmas asynchronous (C7514: serialised, e.g. by accumulator reads it cannot
+    # place after the K loop's last wait)
+    for i, half in enumerate(halves):
+        (tmp_path / f"h{i}.cu").write_text(half)
+        res = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / f"h{i}.cubin"),
+                              str(tmp_path / f"h{i}.cu")], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert "C7514" not in res.stdout + res.stderr, [ln for ln in res.stderr.splitlines() if "C751" in ln]

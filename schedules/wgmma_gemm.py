@@ -24,7 +24,9 @@ cores do not drain between steps. Two ways to feed the ring (knob `producer`):
   warpgroups never meet at a barrier and the copies run up to S - 1 steps ahead. gemm_mn can then also run on a
   persistent grid (knob `persistent`: that many blocks walk the tiles that exist, one ring through all of them).
 
-Every output element is written by one thread, with no atomics: deterministic.
+Every output element is written by one thread, with no atomics: deterministic. gemm_k's blocks whose knobs do not
+split K store their fp16 tile through the ring (staged_tile_store: 16-byte stores instead of the accumulator
+fragments' 2-byte ones; on the H200 O at 512-4096 tokens 13-17 % faster, every group skipped 75 -> 26 us).
 
 * `wgmma_mn_body` (gate/up with SwiGLU, Q): token tiles sorted per group (active tokens first); a tile past the
   group's active count only writes its zeros (block-level skipping). Up to SORT_TOKENS tokens a per-tile block

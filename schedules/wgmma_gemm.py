@@ -26,7 +26,8 @@ cores do not drain between steps. Two ways to feed the ring (knob `producer`):
 
 Every output element is written by one thread, with no atomics: deterministic. gemm_k's blocks whose knobs do not
 split K store their fp16 tile through the ring (staged_tile_store: 16-byte stores instead of the accumulator
-fragments' 2-byte ones; on the H200 O at 512-4096 tokens 13-17 % faster, every group skipped 75 -> 26 us).
+fragments' 2-byte ones; on the H200 O at 512-4096 tokens 13-17 % faster, every group skipped 75 -> 26 us), and
+where few token tiles split them at run time their fp32 partials 8 bytes a thread (O at 24-256 tokens 5-25 %).
 
 * `wgmma_mn_body` (gate/up with SwiGLU, Q): token tiles sorted per group (active tokens first); a tile past the
   group's active count only writes its zeros (block-level skipping). Up to SORT_TOKENS tokens a per-tile block
@@ -1014,10 +1015,11 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                         if sp[0] > 1:
                             if tid < ring.consumers:  # the warpgroups (always, without producer warps)
                                 for j in T.unroll(NB // 8):
-                                    for e in T.unroll(4):
-                                        if bt * BT + _acc_row(tid, e) < nn(n):
-                                            ws[(sp[1] * nn(n) + bt * BT + _acc_row(tid, e)) * N + sp[2] * NB
-                                               + _acc_col(j, tid, e)] = acc[4 * j + e]
+                                    for h in T.unroll(2):  # 8 bytes a thread: a warp's store fills 32-byte sectors
+                                        if bt * BT + _acc_row(tid, 2 * h) < nn(n):
+                                            for v in T.vectorized(2):
+                                                ws[(sp[1] * nn(n) + bt * BT + _acc_row(tid, 2 * h)) * N + sp[2] * NB
+                                                   + _acc_col(j, tid, 2 * h) + v] = acc[4 * j + 2 * h + v]
                         else:
                             staged_store(xs, base, acc, tid, out, bt * BT, sp[2] * NB, nn(n))
                     else:  # a split knob (every count splits K): as before the staging, the out branch never runs

@@ -368,14 +368,16 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
     assert any("__ballot_sync" not in k and "order_ptr" in k.split("{")[0] for k in wgmma_mn)
     assert b"sm_90a" in open(tmp_path / "a.so", "rb").read()  # built for Hopper's arch-specific features
     # gemm_k's fp16 tile leaves through shared memory, 16 bytes a store, none straight from an accumulator; a split
-    # knob's kernel (which always splits K) is as it was: fp32 partials, and an fp16 branch that never runs
+    # knob's kernel (which always splits K) is as it was: fp32 partials 4 bytes a thread, and an fp16 branch that
+    # never runs
     staged = {}
     for name, kind, _, v in cases:
         if kind == "k":
             body = [k for k in kernels if re.match(rf" void __launch_bounds__\(\d+\) {name}_kernel", k) and "wgmma" in k]
             assert len(body) == 1, name
             direct = re.search(r"out_ptr\[[^\n]*\] = \(\(half\)acc_ptr\[", body[0]) is not None
-            staged[name] = "*(uint4*)(out_ptr" in body[0] and not direct
+            # ... and an unsplit knob's fp32 partials (where few token tiles split it) leave 8 bytes a thread
+            staged[name] = "*(uint4*)(out_ptr" in body[0] and "*(float2*)(ws_ptr" in body[0] and not direct
             assert staged[name] == (tile_knob(v).ksplit == 1), (name, v)
     assert any(staged.values()) and not all(staged.values())
     # ptxas keeps every kernel's wgmmas asynchronous (C7514: serialised, e.g. by accumulator reads it cannot

@@ -28,6 +28,9 @@ Every output element is written by one thread, with no atomics: deterministic. g
 split K store their fp16 tile through the ring (staged_tile_store: 16-byte stores instead of the accumulator
 fragments' 2-byte ones; on the H200 O at 512-4096 tokens 13-17 % faster, every group skipped 75 -> 26 us), and
 where few token tiles split them at run time their fp32 partials 8 bytes a thread (O at 24-256 tokens 5-25 %).
+gemm_mn's per-tile blocks (operands not swapped) do the same: an unsplit tile (SwiGLU applied) through the ring
+into its tokens' rows, a split one's partials 8 bytes a thread, summed with 16-byte loads (H200: Q at 192-4096
+tokens 3-11 %, gate/up g128 at 160-4096 2-5 %, g32 1-2 %); swapped and persistent ones still store fragments.
 
 * `wgmma_mn_body` (gate/up with SwiGLU, Q): token tiles sorted per group (active tokens first); a tile past the
   group's active count only writes its zeros (block-level skipping). Up to SORT_TOKENS tokens a per-tile block
@@ -347,38 +350,43 @@ def _acc_col(j, tid, e):
     return j * 8 + tid % 4 * 2 + e % 2
 
 
-def staged_tile_store(knobs: TileKnobs, nb: int, ring: Ring):
-    """Macro (xs, base, acc, tid, out, row0, col0, n): the block's fp16 tile (the warpgroups' accumulators, `tokens`
-    rows x nb columns) into out[row0 + r, col0 + c] for rows below n, through the ring. Stored straight from the
-    accumulator fragments, a warp's store covers 8 rows x 8 bytes (a quarter of each 32-byte sector, 2 bytes a
-    thread); staged in shared memory first (rows padded by 16 bytes, so a fragment store's 8 rows fall in
-    different banks), every store is 16 bytes and a warp's cover 512 contiguous bytes. Called by every thread of
-    the block after the K loop (its block barriers: the last wgmmas of every warpgroup read the ring)."""
-    pitch = nb + 8  # halves per staged row
-    units = knobs.tokens * nb // 8  # 16-byte stores of the tile
+def staged_tile_store(knobs: TileKnobs, nb: int, ring: Ring, cols: int | None = None, value=None, out_row=None):
+    """Macro (xs, base, acc, tid, out, row0, col0, n, *rows): the block's fp16 tile (`tokens` rows x `cols` columns,
+    nb by default, of value(acc, j, e): the fp32 of accumulator column _acc_col(j, tid, e), acc[4 j + e] by
+    default) into out[out_row(row0 + r, *rows) (row0 + r by default), col0 + c] for rows with row0 + r < n, through
+    the ring. Stored straight from the accumulator fragments, a warp's store covers 8 rows x 8 bytes (a quarter of
+    each 32-byte sector, 2 bytes a thread); staged in shared memory first (rows padded by 16 bytes, so a fragment
+    store's 8 rows fall in different banks), every store is 16 bytes and a warp's cover whole rows' contiguous
+    bytes. Called by every thread of the block after the K loop (its block barriers: the last wgmmas of every
+    warpgroup read the ring)."""
+    cols = cols or nb
+    pitch = cols + 8  # halves per staged row
+    units = knobs.tokens * cols // 8  # 16-byte stores of the tile
     if knobs.tokens * pitch * 2 > knobs.stages * ring.stage:
-        raise ValueError(f"tile knobs {knobs}: the staged {knobs.tokens} x {nb} tile does not fit the ring")
+        raise ValueError(f"tile knobs {knobs}: the staged {knobs.tokens} x {cols} tile does not fit the ring")
+    value = value or (lambda acc, j, e: acc[4 * j + e])
+    out_row = out_row or (lambda pos, *rows: pos)
 
     @T.macro
-    def run(xs, base, acc, tid, out, row0, col0, n):
+    def run(xs, base, acc, tid, out, row0, col0, n, *rows):
         T.tvm_storage_sync("shared")  # every warpgroup's wgmmas are done with the ring
         if tid < ring.consumers:
-            for j in T.unroll(nb // 8):
+            for j in T.unroll(cols // 8):
                 for e in T.unroll(4):
                     # (only rows below n: unconditional reads of the accumulators after the K loop make ptxas
                     # serialise the loop's wgmmas, C7514)
                     if row0 + _acc_row(tid, e) < n:
                         xs[base[0] // 2 + _acc_row(tid, e) * pitch + _acc_col(j, tid, e)] = T.Cast(
-                            "float16", acc[4 * j + e])
+                            "float16", value(acc, j, e))
         T.tvm_storage_sync("shared")
         for i in T.unroll((units + ring.threads - 1) // ring.threads):
             if i * ring.threads + tid < units:
-                if row0 + (i * ring.threads + tid) // (nb // 8) < n:
+                if row0 + (i * ring.threads + tid) // (cols // 8) < n:
                     for v in T.vectorized(8):  # (base[0] // 16 * 8: the load's start provably 16-byte aligned)
-                        out[row0 + (i * ring.threads + tid) // (nb // 8),
-                            col0 + (i * ring.threads + tid) % (nb // 8) * 8 + v] = xs[
-                            base[0] // 16 * 8 + (i * ring.threads + tid) // (nb // 8) * pitch
-                            + (i * ring.threads + tid) % (nb // 8) * 8 + v]
+                        out[out_row(row0 + (i * ring.threads + tid) // (cols // 8), *rows),
+                            col0 + (i * ring.threads + tid) % (cols // 8) * 8 + v] = xs[
+                            base[0] // 16 * 8 + (i * ring.threads + tid) // (cols // 8) * pitch
+                            + (i * ring.threads + tid) % (cols // 8) * 8 + v]
 
     return run
 
@@ -514,7 +522,8 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
 
     @T.macro
     def store(out, acc, order, gi, bt, bg, tid):
-        """A warpgroup thread's outputs of the tile (rows past the group's count are not its to write)."""
+        """A warpgroup thread's outputs of the tile (rows past the group's count are not its to write), straight from
+        its fragments: the persistent grid's store (its producers already fill the ring with the next tile)."""
         for j in T.unroll(BN // 8):
             for e in T.unroll(4):
                 if bt * BT + _acc_row(tid, e) < gi[1]:
@@ -525,13 +534,25 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
 
     @T.macro
     def store_split(ws, acc, order, gi, bt, by, tid, n):
-        """A warpgroup thread's fp32 partials of the tile into ws [KB, n, gate / up, G gs] (its split's slice)."""
+        """A warpgroup thread's fp32 partials of the tile into ws [KB, n, gate / up, G gs] (its split's slice), its
+        two adjacent columns a store (8 bytes: a warp's store fills 32-byte sectors)."""
         for j in T.unroll(NB // 8):
-            for e in T.unroll(4):
-                if bt * BT + _acc_row(tid, e) < gi[1]:
-                    ws[((by % KB * nn(n) + slot_token(order, gi, bt, bt * BT + _acc_row(tid, e))) * (NB // BN)
-                        + j // (BN // 8))
-                       * (G * gs) + chan0(gi, by) + _acc_col(j % (BN // 8), tid, e)] = acc[4 * j + e]
+            for h in T.unroll(2):
+                if bt * BT + _acc_row(tid, 2 * h) < gi[1]:
+                    for v in T.vectorized(2):
+                        ws[((by % KB * nn(n) + slot_token(order, gi, bt, bt * BT + _acc_row(tid, 2 * h)))
+                            * (NB // BN) + j // (BN // 8)) * (G * gs) + chan0(gi, by)
+                           + _acc_col(j % (BN // 8), tid, 2 * h) + v] = acc[4 * j + 2 * h + v]
+
+    def swiglu_value(acc, j, e):
+        """The fp32 output of accumulator column _acc_col(j, tid, e) (j < BN / 8): SiLU(gate) x up, or the
+        projection."""
+        return (acc[4 * j + e] * T.sigmoid(acc[4 * j + e]) * acc[4 * (j + BN // 8) + e]) if swiglu else acc[4 * j + e]
+
+    # the per-tile grid's unsplit tile leaves through the ring: its rows are the tile's sorted token slots
+    staged_store = staged_tile_store(knobs, NB, ring, BN, swiglu_value,
+                                     lambda pos, order, gi, bt: slot_token(order, gi, bt, pos)) \
+        if KB == 1 and not SW and not knobs.persistent else None
 
     if knobs.persistent:
         return _persistent_mn_body(G, gs, K, knobs, NB, BN, specialised_stages(knobs, NB, issue), copy_rows, store)
@@ -600,15 +621,16 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                                 copy_rows(trow, tsz, tokens(order, sl), gi, bt, tid - ring.copier0)
                             run(xs, base, desc, acc, split_steps(bg), tid, x, wg, wu, trow, tsz, gi, bg,
                                 tid - ring.copier0)
-                            if tid < ring.consumers:  # the warpgroups (always, without producer warps)
+                            if KB == 1 and not SW:  # (every thread: block barriers)
+                                staged_store(xs, base, acc, tid, out, bt * BT, chan0(gi, bg), gi[1],
+                                             tokens(order, sl), gi, bt)
+                            elif tid < ring.consumers:  # the warpgroups (always, without producer warps)
                                 if KB > 1 and SW:
                                     store_split_swapped(ws, acc, tokens(order, sl), gi, bt, bg, tid, n)
                                 elif KB > 1:
                                     store_split(ws, acc, tokens(order, sl), gi, bt, bg, tid, n)
-                                elif SW:
-                                    store_swapped(out, acc, tokens(order, sl), gi, bt, bg, tid)
                                 else:
-                                    store(out, acc, tokens(order, sl), gi, bt, bg, tid)
+                                    store_swapped(out, acc, tokens(order, sl), gi, bt, bg, tid)
                         if KB == 1:
                             # this tile's slots that skip the group (all of them past the count): zeros, 16 bytes a
                             # store (split K: the sum of the partials writes them)
@@ -656,12 +678,15 @@ def _sum_mn_splits(ws, out, mask, n, splits: int, groups: int, group_size: int, 
                 tot = T.decl_buffer((NW * V,), "float32", scope="local")
                 if bx * 256 + tx < T.Cast("int32", n) * (N // V):
                     if mask[(bx * 256 + tx) // (N // V), (bx * 256 + tx) % (N // V) * V // group_size] != 0:
-                        for h in T.unroll(NW * V):
-                            tot[h] = T.float32(0)
+                        for h in T.unroll(NW):
+                            for v in T.vectorized(V):
+                                tot[h * V + v] = T.float32(0)
                         for i in T.unroll(splits):
-                            for h in T.unroll(NW * V):
-                                tot[h] = tot[h] + ws[((i * T.Cast("int32", n) + (bx * 256 + tx) // (N // V)) * NW
-                                                      + h // V) * N + (bx * 256 + tx) % (N // V) * V + h % V]
+                            for h in T.unroll(NW):
+                                for v in T.vectorized(V):  # 16-byte loads
+                                    tot[h * V + v] = tot[h * V + v] + ws[
+                                        ((i * T.Cast("int32", n) + (bx * 256 + tx) // (N // V)) * NW + h) * N
+                                        + (bx * 256 + tx) % (N // V) * V + v]
                         for v in T.unroll(V):
                             out[(bx * 256 + tx) // (N // V), (bx * 256 + tx) % (N // V) * V + v] = T.Cast(
                                 "float16", (tot[v] * T.sigmoid(tot[v]) * tot[V + v]) if swiglu else tot[v])
@@ -970,6 +995,10 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
     run = wgmma_mainloop(knobs, NB, issue, landed if tma else None, lookahead if ahead else None)
     staged_store = staged_tile_store(knobs, NB, ring)
 
+    def partial(sp, bt, j, tid, e, n):
+        """Index in ws [splits, n, N] of this split's fp32 partial of accumulator element 4 j + e."""
+        return (sp[1] * nn(n) + bt * BT + _acc_row(tid, e)) * N + sp[2] * NB + _acc_col(j, tid, e)
+
     def splits(n):
         """Blocks splitting K at n tokens (int32): gemm_k_splits of the token tiles."""
         return gemm_k_splits((nn(n) + BT - 1) // BT, N // NB, (G * gs + KSTEP - 1) // KSTEP, knobs)
@@ -1018,8 +1047,7 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                                     for h in T.unroll(2):  # 8 bytes a thread: a warp's store fills 32-byte sectors
                                         if bt * BT + _acc_row(tid, 2 * h) < nn(n):
                                             for v in T.vectorized(2):
-                                                ws[(sp[1] * nn(n) + bt * BT + _acc_row(tid, 2 * h)) * N + sp[2] * NB
-                                                   + _acc_col(j, tid, 2 * h) + v] = acc[4 * j + 2 * h + v]
+                                                ws[partial(sp, bt, j, tid, 2 * h, n) + v] = acc[4 * j + 2 * h + v]
                         else:
                             staged_store(xs, base, acc, tid, out, bt * BT, sp[2] * NB, nn(n))
                     else:  # a split knob (every count splits K): as before the staging, the out branch never runs
@@ -1028,8 +1056,7 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                                 for e in T.unroll(4):
                                     if bt * BT + _acc_row(tid, e) < nn(n):
                                         if sp[0] > 1:
-                                            ws[(sp[1] * nn(n) + bt * BT + _acc_row(tid, e)) * N + sp[2] * NB
-                                               + _acc_col(j, tid, e)] = acc[4 * j + e]
+                                            ws[partial(sp, bt, j, tid, e, n)] = acc[4 * j + e]
                                         else:
                                             out[bt * BT + _acc_row(tid, e), sp[2] * NB + _acc_col(j, tid, e)] = \
                                                 T.Cast("float16", acc[4 * j + e])

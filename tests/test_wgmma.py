@@ -380,6 +380,27 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
             staged[name] = "*(uint4*)(out_ptr" in body[0] and "*(float2*)(ws_ptr" in body[0] and not direct
             assert staged[name] == (tile_knob(v).ksplit == 1), (name, v)
     assert any(staged.values()) and not all(staged.values())
+    # gemm_mn on the per-tile grid (operands not swapped) stores an unsplit tile through shared memory into its
+    # tokens' rows and a split one's fp32 partials 8 bytes a thread; swapped and persistent kernels store fragments
+    kinds = set()
+    for name, kind, _, v in cases:
+        if kind == "mn":
+            kn = tile_knob(v)
+            bodies = [k for k in kernels
+                      if re.match(rf" void __launch_bounds__\(\d+\) {name}_kernel", k) and "wgmma" in k]
+            assert bodies, name
+            for body in bodies:
+                direct = re.search(r"out_ptr\[[^\n]*\] = \(\(half\)\(*acc_ptr\[", body) is not None
+                through_ring = re.search(r"\*\(uint4\*\)\(out_ptr [^\n]*= \*\(uint4\*\)\(xs_ptr", body) is not None
+                pairs = "*(float2*)(ws_ptr" in body
+                if kn.swap or kn.persistent:
+                    assert (through_ring, pairs) == (False, False), (name, v)
+                elif kn.ksplit > 1:
+                    assert (through_ring, pairs, direct) == (False, True, False), (name, v)
+                else:
+                    assert (through_ring, pairs, direct) == (True, False, False), (name, v)
+                kinds.add((bool(kn.swap or kn.persistent), kn.ksplit > 1))
+    assert kinds == {(False, False), (False, True), (True, False), (True, True)}
     # ptxas keeps every kernel's wgmmas asynchronous (C7514: serialised, e.g. by accumulator reads it cannot
     # place after the K loop's last wait)
     for i, half in enumerate(halves):

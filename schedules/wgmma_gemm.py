@@ -35,7 +35,10 @@ tokens 3-11 %, gate/up g128 at 160-4096 2-5 %, g32 1-2 %); swapped and persisten
 * `wgmma_mn_body` (gate/up with SwiGLU, Q): token tiles sorted per group (active tokens first); a tile past the
   group's active count only writes its zeros (block-level skipping). Up to SORT_TOKENS tokens a per-tile block
   sorts its group's tokens itself from the mask (one ballot a warp), so no mask reorder launches in front of it;
-  past that, and on the persistent grid, the tiles follow the mask reorder's order.
+  past that, and on the persistent grid, the tiles follow the mask reorder's order. There gate/up's per-tile
+  tiles past the count do nothing: a second launch writes every skipped (token, group)'s zeros from the mask
+  (_zero_skipped; H200, 4096 tokens: gate/up g128 2 % faster at 50 % sparsity, 4-6 % at 75 %, 2.5x with every
+  group skipped; Q, 3-9 % slower with it at 2048-4096 tokens and 50 %, keeps its zeros in the GEMM).
   Knob `swap`: the operands swapped, the block's weight rows wgmma's M (a warpgroup per 64; with SwiGLU each 16
   rows are 8 channels of gate, then the same 8 of up, so a thread holds both) and its token tile wgmma's N, any
   multiple of 8: a group's active tokens are padded to 8 instead of 64, so up to a few hundred tokens the
@@ -414,6 +417,9 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     CB = NB * 8 // COPIERS
     ACC = (BT if SW else NB) // 2  # accumulator registers a thread: wgmma N / 2
     ZU = BN // 8  # 16-byte output units per token row of the block
+    # past SORT_TOKENS gate/up's zeros are a second launch's (_zero_skipped); Q's stay in the GEMM: with the launch
+    # it ran 3-9 % slower at 2048-4096 tokens on the H200 (docs/performance.md)
+    ZERO_LAUNCH = swiglu
     KB, NST = knobs.ksplit, K // KSTEP  # blocks splitting K (blockIdx.y = column block x KB + split), K steps
     WARPS = THREADS // 32
     SR = (SORT_TOKENS + THREADS - 1) // THREADS  # mask loads per thread when a block sorts its tokens
@@ -631,9 +637,9 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                                     store_split(ws, acc, tokens(order, sl), gi, bt, bg, tid, n)
                                 else:
                                     store_swapped(out, acc, tokens(order, sl), gi, bt, bg, tid)
-                        if KB == 1:
+                        if KB == 1 and (sorts or not ZERO_LAUNCH):
                             # this tile's slots that skip the group (all of them past the count): zeros, 16 bytes a
-                            # store (split K: the sum of the partials writes them)
+                            # store (split K: the sum of the partials writes them; ZERO_LAUNCH: _zero_skipped)
                             for i in range((T.max(T.min(nn(n), bt * BT + BT) - T.max(gi[1], bt * BT), 0) * ZU
                                             + THREADS - 1) // THREADS):
                                 if i * THREADS + tid < (T.min(nn(n), bt * BT + BT) - T.max(gi[1], bt * BT)) * ZU:
@@ -652,6 +658,8 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
             sorted_pass(x, wg, wu, mask, counts, order, used, out, out, n)
         else:
             reading_pass(x, wg, wu, mask, counts, order, used, out, out, n)
+            if ZERO_LAUNCH:
+                _zero_skipped(out, mask, n, G, gs)
 
     @T.macro
     def body_split(x, wg, wu, mask, counts, order, used, out, n):
@@ -663,6 +671,26 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
         _sum_mn_splits(ws, out, mask, n, KB, G, gs, swiglu)
 
     return body_split if KB > 1 else body
+
+
+def _zero_skipped(out, mask, n, groups: int, group_size: int):
+    """Second launch of the unsplit per-tile gemm_mn past SORT_TOKENS: zeros into out[t, c] wherever token t skips
+    c's group, 16 bytes a thread, at full occupancy. Written by the GEMM's blocks, these zeros took a block (and its
+    SM: one an SM by its ring) per token tile past a group's count, each storing its tile a row per order load: on
+    the H200 (Nsight Compute) Q at 4096 tokens and 50 % sparsity took 144 us that way, 119 us + 7 us this way, and
+    with every group skipped gate/up g128 at 4096 tokens 119 -> 47 us (docs/performance.md)."""
+    N, V = groups * group_size, 8
+
+    @T.macro
+    def run(out, mask, n):
+        for bx in T.thread_binding((T.Cast("int32", n) * (N // V) + 255) // 256, thread="blockIdx.x"):
+            for tx in T.thread_binding(256, thread="threadIdx.x"):
+                if bx * 256 + tx < T.Cast("int32", n) * (N // V):
+                    if mask[(bx * 256 + tx) // (N // V), (bx * 256 + tx) % (N // V) * V // group_size] == 0:
+                        for v in T.vectorized(V):
+                            out[(bx * 256 + tx) // (N // V), (bx * 256 + tx) % (N // V) * V + v] = T.float16(0)
+
+    return run(out, mask, n)
 
 
 def _sum_mn_splits(ws, out, mask, n, splits: int, groups: int, group_size: int, swiglu: bool):

@@ -677,8 +677,8 @@ def _zero_skipped(out, mask, n, groups: int, group_size: int):
     """Second launch of the unsplit per-tile gemm_mn past SORT_TOKENS: zeros into out[t, c] wherever token t skips
     c's group, 16 bytes a thread, at full occupancy. Written by the GEMM's blocks, these zeros took a block (and its
     SM: one an SM by its ring) per token tile past a group's count, each storing its tile a row per order load: on
-    the H200 (Nsight Compute) Q at 4096 tokens and 50 % sparsity took 144 us that way, 119 us + 7 us this way, and
-    with every group skipped gate/up g128 at 4096 tokens 119 -> 47 us (docs/performance.md)."""
+    the H200 gate/up g128 at 4096 tokens and 50 % sparsity took 797 us that way in Nsight Compute, 756 + 23 us this
+    way; with every group skipped 119 -> 47 us in the benchmark (docs/performance.md)."""
     N, V = groups * group_size, 8
 
     @T.macro

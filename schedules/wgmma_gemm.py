@@ -37,9 +37,9 @@ tokens 3-11 %, gate/up g128 at 160-4096 2-5 %, g32 1-2 %); swapped and persisten
   sorts its group's tokens itself from the mask (one ballot a warp), so no mask reorder launches in front of it;
   past that, and on the persistent grid, the tiles follow the mask reorder's order. There gate/up's per-tile
   tiles past the count do nothing: a second launch writes every skipped (token, group)'s zeros from the mask
-  (_zero_skipped; H200, 4096 tokens: gate/up g128 2 % faster at 50 % sparsity, 4-6 % at 75 %, 2.5x with every
+  (_zero_skipped; H200, 4096 tokens: gate/up g128 2 % faster at 50 % sparsity, 5-6 % at 75 %, 2.5x with every
   group skipped; Q keeps its zeros in the GEMM: with the launch it was 3-9 % slower at 2048-4096 tokens and 50 %
-  in two sessions, 12.5 % faster at 4096 in a third).
+  in two sessions, 13 % faster at 4096 in a third).
   Knob `swap`: the operands swapped, the block's weight rows wgmma's M (a warpgroup per 64; with SwiGLU each 16
   rows are 8 channels of gate, then the same 8 of up, so a thread holds both) and its token tile wgmma's N, any
   multiple of 8: a group's active tokens are padded to 8 instead of 64, so up to a few hundred tokens the
@@ -419,8 +419,8 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     ACC = (BT if SW else NB) // 2  # accumulator registers a thread: wgmma N / 2
     ZU = BN // 8  # 16-byte output units per token row of the block
     # past SORT_TOKENS gate/up's zeros are a second launch's (_zero_skipped); Q's stay in the GEMM: with the launch
-    # it ran 3-9 % slower at 2048-4096 tokens in two H200 sessions (timed after gate/up), 12.5 % faster at 4096 in a
-    # third (Q alone); which holds is open (docs/performance.md)
+    # it ran 3-9 % slower at 2048-4096 tokens in two H200 sessions, 13 % faster at 4096 in a third (timed alone and
+    # after gate/up); which holds is open (docs/performance.md)
     ZERO_LAUNCH = swiglu
     KB, NST = knobs.ksplit, K // KSTEP  # blocks splitting K (blockIdx.y = column block x KB + split), K steps
     WARPS = THREADS // 32

@@ -386,9 +386,9 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
     # launch writes them where the mask says a token skips a group (Q keeps them in the GEMM)
     ZERO = "make_uint4(__pack_half2(__float2half_rn(0x0p+0f"
     kinds = set()
-    for name, kind, _, v in cases:
+    for name, kind, shape, v in cases:
         if kind == "mn":
-            kn = tile_knob(v)
+            kn, swiglu = tile_knob(v), shape[3]
             bodies = [k for k in kernels
                       if re.match(rf" void __launch_bounds__\(\d+\) {name}_kernel", k) and "wgmma" in k]
             assert bodies, name
@@ -404,11 +404,11 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
                     assert (through_ring, pairs, direct) == (True, False, False), (name, v)
                 kinds.add((bool(kn.swap or kn.persistent), kn.ksplit > 1))
                 if "order_ptr" in body.split("{")[0] and not kn.persistent and kn.ksplit == 1:
-                    assert (ZERO in body) == name.startswith("q"), (name, v)  # gate/up: the second launch's
+                    assert (ZERO in body) == (not swiglu), (name, v)  # gate/up: the second launch's
             # an unsplit per-tile gate/up kernel's second launch: zeros from the mask, 16 bytes a thread
             zeros = [k for k in kernels if re.match(rf" void __launch_bounds__\(256\) {name}_kernel", k)
                      and k.split("{")[0].count("_ptr") == 2 and "mask_ptr" in k.split("{")[0] and ZERO in k]
-            assert len(zeros) == (kn.ksplit == 1 and not kn.persistent and not name.startswith("q")), (name, v)
+            assert len(zeros) == (kn.ksplit == 1 and not kn.persistent and swiglu), (name, v)
     assert kinds == {(False, False), (False, True), (True, False), (True, True)}
     # ptxas keeps every kernel's wgmmas asynchronous (C7514: serialised, e.g. by accumulator reads it cannot
     # place after the K loop's last wait)

@@ -35,11 +35,11 @@ tokens 3-11 %, gate/up g128 at 160-4096 2-5 %, g32 1-2 %); swapped and persisten
 * `wgmma_mn_body` (gate/up with SwiGLU, Q): token tiles sorted per group (active tokens first); a tile past the
   group's active count only writes its zeros (block-level skipping). Up to SORT_TOKENS tokens a per-tile block
   sorts its group's tokens itself from the mask (one ballot a warp), so no mask reorder launches in front of it;
-  past that, and on the persistent grid, the tiles follow the mask reorder's order. There gate/up's per-tile
-  tiles past the count do nothing: a second launch writes every skipped (token, group)'s zeros from the mask
-  (_zero_skipped; H200, 4096 tokens: gate/up g128 2 % faster at 50 % sparsity, 5-6 % at 75 %, 2.5x with every
-  group skipped; Q keeps its zeros in the GEMM: with the launch it was 3-9 % slower at 2048-4096 tokens and 50 %
-  in two sessions, 13 % faster at 4096 in a third).
+  past that, and on the persistent grid, the tiles follow the mask reorder's order. There the per-tile tiles
+  past the count do nothing: a second launch writes every skipped (token, group)'s zeros from the mask
+  (_zero_skipped; H200, 4096 tokens, 50 % sparsity: gate/up g128 2 % faster, 5-6 % at 75 %, 2.5x with every group
+  skipped; Q at 513-1024 tokens 2-6 % faster, at 2048 3-5 % slower, at 4096 7-13 % faster in two sessions and
+  3-9 % slower in two others, 2x with every group skipped: docs/performance.md).
   Knob `swap`: the operands swapped, the block's weight rows wgmma's M (a warpgroup per 64; with SwiGLU each 16
   rows are 8 channels of gate, then the same 8 of up, so a thread holds both) and its token tile wgmma's N, any
   multiple of 8: a group's active tokens are padded to 8 instead of 64, so up to a few hundred tokens the
@@ -344,6 +344,11 @@ def specialised_stages(knobs: TileKnobs, nb: int, issue):
     return init, produce, consume
 
 
+def _silu_mul(gate, up):
+    """SwiGLU's output from fp32 gate and up: SiLU(gate) x up."""
+    return gate * T.sigmoid(gate) * up
+
+
 def _acc_row(tid, e):
     """Tile row of accumulator element 4 j + e (D fragment: warp w holds rows 16 w + lane / 4 (+ 8 for e >= 2))."""
     return tid // 32 * 16 + tid % 32 // 4 + e // 2 * 8
@@ -418,10 +423,6 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     CB = NB * 8 // COPIERS
     ACC = (BT if SW else NB) // 2  # accumulator registers a thread: wgmma N / 2
     ZU = BN // 8  # 16-byte output units per token row of the block
-    # past SORT_TOKENS gate/up's zeros are a second launch's (_zero_skipped); Q's stay in the GEMM: with the launch
-    # it ran 3-9 % slower at 2048-4096 tokens in two H200 sessions, 13 % faster at 4096 in a third (timed alone and
-    # after gate/up); which holds is open (docs/performance.md)
-    ZERO_LAUNCH = swiglu
     KB, NST = knobs.ksplit, K // KSTEP  # blocks splitting K (blockIdx.y = column block x KB + split), K steps
     WARPS = THREADS // 32
     SR = (SORT_TOKENS + THREADS - 1) // THREADS  # mask loads per thread when a block sorts its tokens
@@ -515,8 +516,7 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                 if bt * BT + _acc_col(j, tid, e) < gi[1]:
                     out[slot_token(order, gi, bt, bt * BT + _acc_col(j, tid, e)),
                         chan0(gi, bg) + w_chan(_acc_row(tid, e))] = T.Cast(
-                        "float16", (acc[4 * j + e] * T.sigmoid(acc[4 * j + e]) * acc[4 * j + e + 2])
-                        if swiglu else acc[4 * j + e])
+                        "float16", _silu_mul(acc[4 * j + e], acc[4 * j + e + 2]) if swiglu else acc[4 * j + e])
 
     @T.macro
     def store_split_swapped(ws, acc, order, gi, bt, by, tid, n):
@@ -528,6 +528,11 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                         + (e // 2 if swiglu else 0)) * (G * gs) + chan0(gi, by) + w_chan(_acc_row(tid, e))] = \
                         acc[4 * j + e]
 
+    def swiglu_value(acc, j, e):
+        """The fp32 output of accumulator column _acc_col(j, tid, e) (j < BN / 8): SiLU(gate) x up, or the
+        projection."""
+        return _silu_mul(acc[4 * j + e], acc[4 * (j + BN // 8) + e]) if swiglu else acc[4 * j + e]
+
     @T.macro
     def store(out, acc, order, gi, bt, bg, tid):
         """A warpgroup thread's outputs of the tile (rows past the group's count are not its to write), straight from
@@ -536,9 +541,7 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
             for e in T.unroll(4):
                 if bt * BT + _acc_row(tid, e) < gi[1]:
                     out[slot_token(order, gi, bt, bt * BT + _acc_row(tid, e)),
-                        chan0(gi, bg) + _acc_col(j, tid, e)] = T.Cast(
-                        "float16", (acc[4 * j + e] * T.sigmoid(acc[4 * j + e]) * acc[4 * (j + BN // 8) + e])
-                        if swiglu else acc[4 * j + e])
+                        chan0(gi, bg) + _acc_col(j, tid, e)] = T.Cast("float16", swiglu_value(acc, j, e))
 
     @T.macro
     def store_split(ws, acc, order, gi, bt, by, tid, n):
@@ -552,18 +555,13 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                             * (NB // BN) + j // (BN // 8)) * (G * gs) + chan0(gi, by)
                            + _acc_col(j % (BN // 8), tid, 2 * h) + v] = acc[4 * j + 2 * h + v]
 
-    def swiglu_value(acc, j, e):
-        """The fp32 output of accumulator column _acc_col(j, tid, e) (j < BN / 8): SiLU(gate) x up, or the
-        projection."""
-        return (acc[4 * j + e] * T.sigmoid(acc[4 * j + e]) * acc[4 * (j + BN // 8) + e]) if swiglu else acc[4 * j + e]
+    if knobs.persistent:
+        return _persistent_mn_body(G, gs, K, knobs, NB, BN, specialised_stages(knobs, NB, issue), copy_rows, store)
 
     # the per-tile grid's unsplit tile leaves through the ring: its rows are the tile's sorted token slots
     staged_store = staged_tile_store(knobs, NB, ring, BN, swiglu_value,
                                      lambda pos, order, gi, bt: slot_token(order, gi, bt, pos)) \
-        if KB == 1 and not SW and not knobs.persistent else None
-
-    if knobs.persistent:
-        return _persistent_mn_body(G, gs, K, knobs, NB, BN, specialised_stages(knobs, NB, issue), copy_rows, store)
+        if KB == 1 and not SW else None
 
     @T.macro
     def sort_tile(mask, gi, sl, wcnt, bt, tid, n):
@@ -639,9 +637,9 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                                     store_split(ws, acc, tokens(order, sl), gi, bt, bg, tid, n)
                                 else:
                                     store_swapped(out, acc, tokens(order, sl), gi, bt, bg, tid)
-                        if KB == 1 and (sorts or not ZERO_LAUNCH):
+                        if KB == 1 and sorts:
                             # this tile's slots that skip the group (all of them past the count): zeros, 16 bytes a
-                            # store (split K: the sum of the partials writes them; ZERO_LAUNCH: _zero_skipped)
+                            # store (split K: the sum of the partials writes them; past SORT_TOKENS: _zero_skipped)
                             for i in range((T.max(T.min(nn(n), bt * BT + BT) - T.max(gi[1], bt * BT), 0) * ZU
                                             + THREADS - 1) // THREADS):
                                 if i * THREADS + tid < (T.min(nn(n), bt * BT + BT) - T.max(gi[1], bt * BT)) * ZU:
@@ -660,8 +658,7 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
             sorted_pass(x, wg, wu, mask, counts, order, used, out, out, n)
         else:
             reading_pass(x, wg, wu, mask, counts, order, used, out, out, n)
-            if ZERO_LAUNCH:
-                _zero_skipped(out, mask, n, G, gs)
+            _zero_skipped(out, mask, n, G, gs)
 
     @T.macro
     def body_split(x, wg, wu, mask, counts, order, used, out, n):
@@ -675,6 +672,26 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     return body_split if KB > 1 else body
 
 
+# The second launches over gemm_mn's out [n, N] (_zero_skipped, _sum_mn_splits): 256 threads a block, each owning
+# V consecutive channels of one token's row
+UNIT_THREADS = 256
+
+
+def _units(n, n_dim: int, v: int):
+    """Threads of a second launch over out [n, n_dim], V channels a thread."""
+    return T.Cast("int32", n) * (n_dim // v)
+
+
+def _unit_token(bx, tx, n_dim: int, v: int):
+    """The token (row of out) of a second launch's thread."""
+    return (bx * UNIT_THREADS + tx) // (n_dim // v)
+
+
+def _unit_channel(bx, tx, n_dim: int, v: int):
+    """The first of a second launch's thread's V channels."""
+    return (bx * UNIT_THREADS + tx) % (n_dim // v) * v
+
+
 def _zero_skipped(out, mask, n, groups: int, group_size: int):
     """Second launch of the unsplit per-tile gemm_mn past SORT_TOKENS: zeros into out[t, c] wherever token t skips
     c's group, 16 bytes a thread, at full occupancy. Written by the GEMM's blocks, these zeros took a block (and its
@@ -685,12 +702,12 @@ def _zero_skipped(out, mask, n, groups: int, group_size: int):
 
     @T.macro
     def run(out, mask, n):
-        for bx in T.thread_binding((T.Cast("int32", n) * (N // V) + 255) // 256, thread="blockIdx.x"):
-            for tx in T.thread_binding(256, thread="threadIdx.x"):
-                if bx * 256 + tx < T.Cast("int32", n) * (N // V):
-                    if mask[(bx * 256 + tx) // (N // V), (bx * 256 + tx) % (N // V) * V // group_size] == 0:
+        for bx in T.thread_binding((_units(n, N, V) + UNIT_THREADS - 1) // UNIT_THREADS, thread="blockIdx.x"):
+            for tx in T.thread_binding(UNIT_THREADS, thread="threadIdx.x"):
+                if bx * UNIT_THREADS + tx < _units(n, N, V):
+                    if mask[_unit_token(bx, tx, N, V), _unit_channel(bx, tx, N, V) // group_size] == 0:
                         for v in T.vectorized(V):
-                            out[(bx * 256 + tx) // (N // V), (bx * 256 + tx) % (N // V) * V + v] = T.float16(0)
+                            out[_unit_token(bx, tx, N, V), _unit_channel(bx, tx, N, V) + v] = T.float16(0)
 
     return run(out, mask, n)
 
@@ -703,11 +720,11 @@ def _sum_mn_splits(ws, out, mask, n, splits: int, groups: int, group_size: int, 
 
     @T.macro
     def run(ws, out, mask, n):
-        for bx in T.thread_binding((T.Cast("int32", n) * (N // V) + 255) // 256, thread="blockIdx.x"):
-            for tx in T.thread_binding(256, thread="threadIdx.x"):
+        for bx in T.thread_binding((_units(n, N, V) + UNIT_THREADS - 1) // UNIT_THREADS, thread="blockIdx.x"):
+            for tx in T.thread_binding(UNIT_THREADS, thread="threadIdx.x"):
                 tot = T.decl_buffer((NW * V,), "float32", scope="local")
-                if bx * 256 + tx < T.Cast("int32", n) * (N // V):
-                    if mask[(bx * 256 + tx) // (N // V), (bx * 256 + tx) % (N // V) * V // group_size] != 0:
+                if bx * UNIT_THREADS + tx < _units(n, N, V):
+                    if mask[_unit_token(bx, tx, N, V), _unit_channel(bx, tx, N, V) // group_size] != 0:
                         for h in T.unroll(NW):
                             for v in T.vectorized(V):
                                 tot[h * V + v] = T.float32(0)
@@ -715,14 +732,14 @@ def _sum_mn_splits(ws, out, mask, n, splits: int, groups: int, group_size: int, 
                             for h in T.unroll(NW):
                                 for v in T.vectorized(V):  # 16-byte loads
                                     tot[h * V + v] = tot[h * V + v] + ws[
-                                        ((i * T.Cast("int32", n) + (bx * 256 + tx) // (N // V)) * NW + h) * N
-                                        + (bx * 256 + tx) % (N // V) * V + v]
+                                        ((i * T.Cast("int32", n) + _unit_token(bx, tx, N, V)) * NW + h) * N
+                                        + _unit_channel(bx, tx, N, V) + v]
                         for v in T.unroll(V):
-                            out[(bx * 256 + tx) // (N // V), (bx * 256 + tx) % (N // V) * V + v] = T.Cast(
-                                "float16", (tot[v] * T.sigmoid(tot[v]) * tot[V + v]) if swiglu else tot[v])
+                            out[_unit_token(bx, tx, N, V), _unit_channel(bx, tx, N, V) + v] = T.Cast(
+                                "float16", _silu_mul(tot[v], tot[V + v]) if swiglu else tot[v])
                     else:
                         for v in T.unroll(V):
-                            out[(bx * 256 + tx) // (N // V), (bx * 256 + tx) % (N // V) * V + v] = T.float16(0)
+                            out[_unit_token(bx, tx, N, V), _unit_channel(bx, tx, N, V) + v] = T.float16(0)
 
     return run(ws, out, mask, n)
 

@@ -525,3 +525,26 @@ def test_tile_buckets_are_timed_below_their_top_too():
         sets = kr.alloc_args(tvm.cpu(), _args_info(ks.template(task)), 1)
         assert [s[0].shape[0] for s in sets] == counts  # x [tokens, K]
         assert all(s[-2].shape[0] == m and s[-4].shape == (4, m) for s, m in zip(sets, counts))  # out, order
+
+
+def test_bucket_halves_tool_ranks_as_the_database_picks():
+    """tools/bucket_halves.py on the committed H200 database: every bounded tile task's "pick (mean)" is the
+    bucket's pick kernel_knobs.load makes (the fastest record by mean over both counts), and its times at the top
+    count are the larger ones (the top's repeats come first in a record)."""
+    import re
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    folder = os.path.join(root, "tuning_logs", "cuda-sm90")
+    out = subprocess.run([sys.executable, os.path.join(root, "tools", "bucket_halves.py"), folder],
+                         capture_output=True, text=True, check=True).stdout
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        picks = kernel_knobs.load(folder)
+    tasks = re.findall(r"^(\S+)/tile(\d): \d+ current records\n  pick \(mean\)\s+(\(.*?\))\s+top\s+([\d.]+) us  half"
+                       r"\s+([\d.]+) us", out, re.M)
+    assert len(tasks) == 12, out  # 6 kernels x the <= 128 and <= 512 buckets
+    for key, bucket, knobs, top, half in tasks:
+        assert knobs == str(tuple(picks[key]["tiles"][int(bucket)])), (key, bucket)
+        assert float(top) > float(half), (key, bucket)

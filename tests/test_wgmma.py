@@ -382,13 +382,14 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
     assert any(staged.values()) and not all(staged.values())
     # gemm_mn on the per-tile grid (operands not swapped) stores an unsplit tile through shared memory into its
     # tokens' rows and a split one's fp32 partials 8 bytes a thread; swapped and persistent kernels store fragments.
-    # Reading the reorder's order (past SORT_TOKENS) an unsplit per-tile gate/up kernel writes no zeros: a second
-    # launch writes them where the mask says a token skips a group (Q keeps them in the GEMM)
+    # Reading the reorder's order (past SORT_TOKENS) an unsplit per-tile kernel (gate/up or Q) writes no zeros: a
+    # second launch writes them where the mask says a token skips a group; sorting its tokens (up to SORT_TOKENS) it
+    # writes them itself
     ZERO = "make_uint4(__pack_half2(__float2half_rn(0x0p+0f"
     kinds = set()
-    for name, kind, shape, v in cases:
+    for name, kind, _, v in cases:
         if kind == "mn":
-            kn, swiglu = tile_knob(v), shape[3]
+            kn = tile_knob(v)
             bodies = [k for k in kernels
                       if re.match(rf" void __launch_bounds__\(\d+\) {name}_kernel", k) and "wgmma" in k]
             assert bodies, name
@@ -403,12 +404,12 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
                 else:
                     assert (through_ring, pairs, direct) == (True, False, False), (name, v)
                 kinds.add((bool(kn.swap or kn.persistent), kn.ksplit > 1))
-                if "order_ptr" in body.split("{")[0] and not kn.persistent and kn.ksplit == 1:
-                    assert (ZERO in body) == (not swiglu), (name, v)  # gate/up: the second launch's
-            # an unsplit per-tile gate/up kernel's second launch: zeros from the mask, 16 bytes a thread
+                if not kn.persistent and kn.ksplit == 1:
+                    assert (ZERO in body) == ("order_ptr" not in body.split("{")[0]), (name, v)
+            # an unsplit per-tile kernel's second launch: zeros from the mask, 16 bytes a thread
             zeros = [k for k in kernels if re.match(rf" void __launch_bounds__\(256\) {name}_kernel", k)
                      and k.split("{")[0].count("_ptr") == 2 and "mask_ptr" in k.split("{")[0] and ZERO in k]
-            assert len(zeros) == (kn.ksplit == 1 and not kn.persistent and swiglu), (name, v)
+            assert len(zeros) == (kn.ksplit == 1 and not kn.persistent), (name, v)
     assert kinds == {(False, False), (False, True), (True, False), (True, True)}
     # ptxas keeps every kernel's wgmmas asynchronous (C7514: serialised, e.g. by accumulator reads it cannot
     # place after the K loop's last wait)

@@ -1,0 +1,50 @@
+"""Would splitting a tile bucket change its pick? The per-count times of the bounded tile buckets' records.
+
+    python tools/bucket_halves.py tuning_logs/cuda-sm90 [--records-of REV]
+
+The tuning runner times each candidate of the <= 128 and <= 512 token buckets at the bucket's top and at half of
+it (schedules/knob_runner.py, ALSO_TIMED) and ranks them by the mean. This prints, per such task, the pick (best
+mean), the best candidate at the top alone and the best at the half alone, each with both times: where the three
+agree, a bucket split at the half would pick the same kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import warnings
+from collections import defaultdict
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", help="tuning folder holding the MetaSchedule database")
+    p.add_argument("--records-of", help="count records of this git revision's kernel code as current")
+    args = p.parse_args()
+    warnings.simplefilter("ignore")
+    from wide_tvm.knob_tuning import task_records
+    from wide_tvm.schedules.code_version import records_of
+    from wide_tvm.schedules.knob_space import is_current, knob_values, replayed
+
+    with records_of(args.records_of) if args.records_of else contextlib.nullcontext():
+        by_task = defaultdict(list)
+        for task, rec in task_records(args.folder):
+            secs = [float(s) for s in rec.run_secs or []]
+            if task.space != "tile" or not is_current(rec.workload.mod) or not secs or max(secs) >= 1e9:
+                continue
+            half = len(secs) // 2  # the top's repeats first, then the half's (knob_runner.alloc_args)
+            knobs = knob_values(replayed(rec.workload.mod, rec.trace))
+            by_task[task.name].append((sum(secs[:half]) / half * 1e6, sum(secs[half:]) / half * 1e6,
+                                       knobs.get("variant", knobs)))
+    for name, rows in sorted(by_task.items()):
+        if not name.endswith(("tile0", "tile1")):
+            continue
+        print(f"{name}: {len(rows)} current records")
+        for label, key in (("pick (mean)", lambda r: r[0] + r[1]), ("best at top", lambda r: r[0]),
+                           ("best at half", lambda r: r[1])):
+            top, half, knobs = min(rows, key=key)
+            print(f"  {label:12s} {str(knobs):40s} top {top:7.1f} us  half {half:7.1f} us")
+
+
+if __name__ == "__main__":
+    main()

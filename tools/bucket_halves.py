@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import warnings
 from collections import defaultdict
 
@@ -24,21 +25,24 @@ def main() -> None:
     warnings.simplefilter("ignore")
     from wide_tvm.knob_tuning import task_records
     from wide_tvm.schedules.code_version import records_of
+    from wide_tvm.schedules.knob_runner import ALSO_TIMED
     from wide_tvm.schedules.knob_space import is_current, knob_values, replayed
 
     with records_of(args.records_of) if args.records_of else contextlib.nullcontext():
         by_task = defaultdict(list)
         for task, rec in task_records(args.folder):
             secs = [float(s) for s in rec.run_secs or []]
-            if task.space != "tile" or not is_current(rec.workload.mod) or not secs or max(secs) >= 1e9:
+            if (task.space != "tile" or task.tokens not in ALSO_TIMED or not is_current(rec.workload.mod)
+                    or not secs or max(secs) >= 1e9):
                 continue
             half = len(secs) // 2  # the top's repeats first, then the half's (knob_runner.alloc_args)
             knobs = knob_values(replayed(rec.workload.mod, rec.trace))
             by_task[task.name].append((sum(secs[:half]) / half * 1e6, sum(secs[half:]) / half * 1e6,
                                        knobs.get("variant", knobs)))
+    if not by_task:
+        sys.exit(f"{args.folder}: no current records of a tile bucket timed at two token counts "
+                 f"({', '.join(map(str, ALSO_TIMED))} and half of it)")
     for name, rows in sorted(by_task.items()):
-        if not name.endswith(("tile0", "tile1")):
-            continue
         print(f"{name}: {len(rows)} current records")
         for label, key in (("pick (mean)", lambda r: r[0] + r[1]), ("best at top", lambda r: r[0]),
                            ("best at half", lambda r: r[1])):

@@ -38,8 +38,8 @@ tokens 3-11 %, gate/up g128 at 160-4096 2-5 %, g32 1-2 %); swapped and persisten
   past that, and on the persistent grid, the tiles follow the mask reorder's order. There the per-tile tiles
   past the count do nothing: a second launch writes every skipped (token, group)'s zeros from the mask
   (_zero_skipped; H200, 4096 tokens, 50 % sparsity: gate/up g128 2 % faster, 5-6 % at 75 %, 2.5x with every group
-  skipped; Q at 513-1024 tokens 2-6 % faster, at 2048 3-5 % slower, at 4096 7-13 % faster in two sessions and
-  3-9 % slower in two others, 2x with every group skipped: docs/performance.md).
+  skipped; Q at 513-1024 tokens 2-6 % faster, at 2048 2-5 % slower, at 4096 7-15 % faster in three device
+  sessions and 3-9 % slower in two others, 2x with every group skipped: docs/performance.md).
   Knob `swap`: the operands swapped, the block's weight rows wgmma's M (a warpgroup per 64; with SwiGLU each 16
   rows are 8 channels of gate, then the same 8 of up, so a thread holds both) and its token tile wgmma's N, any
   multiple of 8: a group's active tokens are padded to 8 instead of 64, so up to a few hundred tokens the

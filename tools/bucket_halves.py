@@ -23,7 +23,7 @@ def main() -> None:
     p.add_argument("--records-of", help="count records of this git revision's kernel code as current")
     args = p.parse_args()
     warnings.simplefilter("ignore")
-    from wide_tvm.knob_tuning import task_records
+    from wide_tvm.knob_tuning import task_records, timed_seconds
     from wide_tvm.schedules.code_version import records_of
     from wide_tvm.schedules.knob_runner import ALSO_TIMED
     from wide_tvm.schedules.knob_space import is_current, knob_values, replayed
@@ -31,9 +31,8 @@ def main() -> None:
     with records_of(args.records_of) if args.records_of else contextlib.nullcontext():
         by_task = defaultdict(list)
         for task, rec in task_records(args.folder):
-            secs = [float(s) for s in rec.run_secs or []]
-            if (task.space != "tile" or task.tokens not in ALSO_TIMED or not is_current(rec.workload.mod)
-                    or not secs or max(secs) >= 1e9):
+            secs = timed_seconds(rec)
+            if task.space != "tile" or task.tokens not in ALSO_TIMED or not is_current(rec.workload.mod) or not secs:
                 continue
             half = len(secs) // 2  # the top's repeats first, then the half's (knob_runner.alloc_args)
             knobs = knob_values(replayed(rec.workload.mod, rec.trace))

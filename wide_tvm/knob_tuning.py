@@ -201,6 +201,12 @@ def _task_records(db: ms.database.Database) -> list:
     return [(task, rec) for task, rec in records if task is not None]  # not other workloads
 
 
+def timed_seconds(rec) -> list[float]:
+    """A record's measured run times in seconds; empty for a failed build or run (MetaSchedule's 1e10 marks)."""
+    secs = [float(s) for s in rec.run_secs or []]
+    return secs if secs and max(secs) < 1e9 else []
+
+
 def best_records(folder: str, records: list | None = None, current: bool = True) -> dict[KnobTask, tuple[float, dict]]:
     """Per knob task in FOLDER's database (or `records`, task_records' list): (mean seconds, knob values) of its
     fastest record timed on today's kernel code (`current`), or of its fastest stale one (`current=False`: knob
@@ -209,8 +215,8 @@ def best_records(folder: str, records: list | None = None, current: bool = True)
     for task, rec in task_records(folder) if records is None else records:
         if is_current(rec.workload.mod) != current:
             continue
-        secs = [float(s) for s in rec.run_secs or []]
-        if not secs or max(secs) >= 1e9:  # failed builds or runs
+        secs = timed_seconds(rec)
+        if not secs:
             continue
         mean = sum(secs) / len(secs)
         if task not in best or mean < best[task][0]:

@@ -95,7 +95,7 @@ KERNELS = [
     ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 64, 4, 5)),
     ("gemm_mn_swiglu", 448, 32, 4096, "float16", "tc", None, ("wgmma", 128, 2, 6)),
     ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 128, 2, 4)),
-    # ... the picks past 512 tokens of Q and gate/up g32 (warp-specialised, 128 x 256 tiles)
+    # ... the picks past 512 tokens of Q and gate/up g32 (wg128n256s4p4: 128-token tiles, 4 producer warps)
     ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 4)),
     ("gemm_mn_swiglu", 448, 32, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 4)),
     ("gemm_k", 112, 128, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4)),

@@ -45,7 +45,8 @@ class TileKnobs:
     # (warp specialisation); 0: every thread copies, and one block-wide barrier per K step
     producer: int = 0
     # wgmma gemm_mn with producer warps: blocks of a persistent grid that walk the existing tiles (0: a block per
-    # tile, including the tiles past a group's count, which only write zeros)
+    # tile, including the tiles past a group's count, which only write zeros); wgmma gemm_k (every thread copying):
+    # blocks of a persistent grid that run the whole waves of tiles, then share the rest's K steps out (stream-K)
     persistent: int = 0
     # wgmma gemm_mn: swap the operands (1): the weight rows are wgmma's M (64 a warpgroup, `rows` warpgroups) and
     # the block's `tokens` its N, any multiple of 8, so a group's few active tokens are not padded to 64
@@ -135,10 +136,10 @@ def check_tile_knobs(knobs: TileKnobs) -> None:
     if knobs.kernel == "wgmma":
         if (knobs.tokens not in WGMMA_TOKENS or knobs.stages < 3 or not 1 <= knobs.rows <= 4 or knobs.ksplit < 1
                 or knobs.producer not in WGMMA_PRODUCERS or knobs.persistent < 0
-                or (knobs.persistent and not knobs.producer)):
+                or (knobs.persistent == 1)):
             raise ValueError(f"wgmma tile knobs {knobs}: tokens must be one of {WGMMA_TOKENS} (a warpgroup per "
                              "64 tokens), rows 1..4 (wgmma N = 64 rows), stages >= 3, ksplit >= 1, producer "
-                             f"warps one of {WGMMA_PRODUCERS}, and a persistent grid needs producer warps")
+                             f"warps one of {WGMMA_PRODUCERS}, and a persistent grid of 0 or at least 2 blocks")
         return
     if knobs.ksplit != 1 or knobs.producer or knobs.persistent or knobs.swap or knobs.l2:
         raise ValueError(f"tile knobs {knobs}: only the wgmma GEMMs split K over blocks, have producer warps, "

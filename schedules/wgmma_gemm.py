@@ -50,6 +50,9 @@ tokens 3-11 %, gate/up g128 at 160-4096 2-5 %, g32 1-2 %); swapped and persisten
   direct kernels (cp.async rings) lost 2-8 % (docs/performance.md, the fourth round of 2026-12-01), so only swapped candidates have it.
 * `wgmma_k_body` (down, O): token tiles in natural order; the block lists the groups its tokens run and steps
   through their K slices only (block-level skipping); groups narrower than a step share one, side by side.
+  Knob `persistent` (every thread copying): that many blocks run the whole waves of tiles, then share the last,
+  partial wave's K steps out in quarter tiles (stream-K, `_stream_k_body`), so a tail wave of a few tiles does not
+  leave most SMs idle.
 """
 
 from __future__ import annotations
@@ -123,14 +126,17 @@ def check_wgmma_shape(group_size: int, k_dim: int, knobs: TileKnobs, swiglu: boo
             raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_mn swaps its operands")
         if knobs.l2:
             raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_mn's weight copies take an L2 prefetch size")
-        if knobs.persistent:
-            raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_mn runs on a persistent grid")
+        if knobs.persistent and (knobs.producer or knobs.ksplit > 1):
+            raise ValueError(f"tile knobs {knobs}: the wgmma gemm_k's persistent grid (stream-K) has every thread "
+                             "copy and splits K by itself")
         if (group_size % KSTEP and group_size != KSTEP // 2) or k_dim % (64 * knobs.rows):
             raise ValueError(f"the wgmma gemm_k needs a group size that is {KSTEP // 2} or a multiple of {KSTEP} and "
                              f"N a multiple of {64 * knobs.rows}; got group size {group_size}, N={k_dim}")
         return
     if knobs.ksplit > 1 and knobs.persistent:
         raise ValueError(f"tile knobs {knobs}: a persistent grid does not split K over blocks")
+    if knobs.persistent and not knobs.producer:
+        raise ValueError(f"tile knobs {knobs}: the wgmma gemm_mn's persistent grid needs producer warps")
     nb, bn = wgmma_n(group_size, swiglu, knobs)
     if k_dim % KSTEP or bn % ROWS or group_size % bn or nb % 64:
         raise ValueError(f"the wgmma gemm_mn needs K a multiple of {KSTEP} and a group size that {64 * knobs.rows}"
@@ -1108,6 +1114,11 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                                             out[bt * BT + _acc_row(tid, e), sp[2] * NB + _acc_col(j, tid, e)] = \
                                                 T.Cast("float16", acc[4 * j + e])
 
+    if knobs.persistent:
+        return _stream_k_body(
+            knobs, G, gs, N, G * SPG if gs % KSTEP == 0 else (G + GPS - 1) // GPS, ring, run, staged_store,
+            steps, tma, ahead, PRE, BITS, tmap)
+
     @T.macro
     def body(a, w, mask, used, out, n):
         if tma:
@@ -1118,6 +1129,179 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
         main_pass(a, w, mask, used, out, ws, n)
         if splits(n) > 1:  # decided on the host
             _sum_k_partials(ws, out, n, splits(n), N)
+
+    return body
+
+
+SUM_THREADS = 256  # threads of a block of the stream-K sum, 4 output columns each
+
+
+STREAM_K_OFFSETS = 4  # a stream-K share is a whole number of quarter tiles: its blocks start at 4 K offsets at most
+
+
+def _max(a, b):
+    return max(a, b) if isinstance(a, int) and isinstance(b, int) else T.max(a, b)
+
+
+def _min(a, b):
+    return min(a, b) if isinstance(a, int) and isinstance(b, int) else T.min(a, b)
+
+
+def stream_k_share(rest, blocks: int, k_steps: int):
+    """K steps of each block's share of the `rest` K steps past the whole waves (ints or PrimExprs): rest / blocks
+    rounded up to a whole 1 / STREAM_K_OFFSETS of a tile's k_steps while that is at most half a tile, else a whole
+    tile. Quarters keep the blocks of tiles that read the same weights at a few K offsets (L2 then serves each weight
+    tile to all of them; H200: shares at any step put down g128 at 4096 tokens 41 % behind the per-tile grid); a tail
+    of more than half a wave gains little and runs whole."""
+    q = k_steps // STREAM_K_OFFSETS if k_steps % STREAM_K_OFFSETS == 0 else k_steps
+    share = ((_max(rest, 1) + blocks - 1) // blocks + q - 1) // q * q
+    return T.Select(share * 2 <= k_steps, share, T.int64(k_steps)) if not isinstance(share, int) else (
+        share if share * 2 <= k_steps else k_steps)
+
+
+def stream_k_start(rest, b, share):
+    """First K step (of the rest) of block b's share: rest where the shares ran out (an empty one)."""
+    return _min(b * share, rest)
+
+
+def stream_k_owner(x, share):
+    """The block whose share holds K step x of the rest."""
+    return x // share
+
+
+def _stream_k_body(knobs: TileKnobs, G: int, gs: int, N: int, KS: int, ring: Ring, run, staged_store, steps, tma: bool,
+                   ahead: bool, PRE: int, BITS: int, tmap):
+    """The wgmma gemm_k on a persistent grid of P = `knobs.persistent` blocks (data-parallel waves, then stream-K):
+    of the W tiles (token tiles x column blocks, token tile fastest, KS K steps each with every group listed), block b
+    runs the whole tiles b, b + P, ... of the W // P full waves, one after another (the tiles in flight together are
+    neighbours, as on the per-tile grid), then its share of the rest's K steps (stream_k_share), tile by tile; a tile
+    listing fewer groups maps a share onto its listed steps in proportion, as a split does. A tile the block ran all of
+    leaves through the ring, else its fp32 partial goes to ws [P, 2, tokens, NB] (slot 0: the block's first tile of the
+    rest, begun by a block before it; slot 1: its last, finished by blocks after it), and a second launch sums each
+    shared tile's partials in block order (deterministic). A tail of at most half a wave then runs on every SM: down at
+    1152 tokens (144 tiles) takes 2 + 1 / 4 tiles' time instead of 3."""
+    P, BT, NB, S = knobs.persistent, knobs.tokens, 64 * knobs.rows, knobs.stages
+    THREADS, WARPS = ring.threads, ring.threads // 32
+    CB = N // NB  # column blocks
+    UNITS = BT * NB // 4  # 4-column units of a tile in the sum
+    if UNITS % SUM_THREADS:
+        raise ValueError(f"tile knobs {knobs}: a {BT} x {NB} tile is not a whole number of stream-K sum blocks")
+
+    def nn(n):
+        return T.Cast("int32", n)
+
+    def tiles(n):
+        return (nn(n) + BT - 1) // BT
+
+    def waves(n):
+        """Whole tiles every block runs first."""
+        return tiles(n) * CB // P
+
+    def rest(n):
+        """K steps of the tiles past the whole waves (int64)."""
+        return T.Cast("int64", tiles(n) * CB - waves(n) * P) * KS
+
+    def share(n):
+        return stream_k_share(rest(n), P, KS)
+
+    def start(b, n):
+        return T.Cast("int32", stream_k_start(rest(n), T.Cast("int64", b), share(n)))
+
+    def owner(x, n):
+        return T.Cast("int32", stream_k_owner(T.Cast("int64", x), share(n)))
+
+    def slot(b, r, n):
+        """ws slot of block b's partial of the rest's tile r: 0 when b began inside it (its first tile), else 1."""
+        return T.Select(start(b, n) > r * KS, 0, 1)
+
+    @T.macro
+    def main_pass(a, w, mask, out, ws, n):
+        for b in T.thread_binding(P, thread="blockIdx.x"):
+            xs = T.decl_buffer((ring_bytes(knobs, NB) // 2,), "float16", scope="shared.dyn")
+            sused = T.decl_buffer((BITS + bit_words(BT) * (G + 1),), "int32", scope="shared")
+            if tma:
+                tbar = T.decl_buffer((S,), "uint64", scope="shared")
+            else:
+                tbar = sused  # (not read)
+            for tid in T.thread_binding(THREADS, thread="threadIdx.x"):
+                acc = T.decl_buffer((NB // 2,), "float32", scope="local")
+                base = T.decl_buffer((1,), "int32", scope="local")
+                desc = T.decl_buffer((2,), "uint64", scope="local")
+                nst = T.decl_buffer((1,), "int32", scope="local")
+                first = T.decl_buffer((1,), "int32", scope="local")
+                # the share's first / end step of the rest, then the segment's tile, its steps [lo, hi), and the
+                # tile's token tile and column block (registers: no division by the token tiles in a step's copies)
+                rng = T.decl_buffer((7,), "int32", scope="local")
+                pre = T.decl_buffer((PRE,), "int32", scope="local")  # lookahead's list entries
+                rng[0] = start(b, n)
+                rng[1] = start(b + 1, n)
+                for k in range(waves(n) + (rng[1] + KS - 1) // KS - rng[0] // KS):
+                    # (segment k past the waves: tile r = rng[0] // KS + k - waves of the rest)
+                    rng[2] = T.Select(k < waves(n), b + k * P, waves(n) * P + rng[0] // KS + k - waves(n))
+                    rng[3] = T.Select(k < waves(n), 0, T.max(rng[0] - (rng[0] // KS + k - waves(n)) * KS, 0))
+                    rng[4] = T.Select(k < waves(n), KS, T.min(rng[1] - (rng[0] // KS + k - waves(n)) * KS, KS))
+                    rng[5] = rng[2] % tiles(n)
+                    rng[6] = rng[2] // tiles(n)
+                    T.tvm_storage_sync("shared")  # the tile before's store and list reads are done
+                    if tma:
+                        if tid == 0:
+                            for i in T.unroll(S):  # a fresh phase count for this tile's K loop
+                                T.ptx["mbarrier.inval.shared::cta.b64"](tbar.ptr_to([i]))
+                                T.ptx["mbarrier.init.shared::cta.b64"](tbar.ptr_to([i]), 1)
+                            T.ptx["fence.mbarrier_init.release.cluster"]()
+                    _used_groups(mask, sused, n, tid // 32, tid % 32, G, WARPS, BT, BITS, rng[5] * BT)
+                    first[0] = steps(sused) * rng[3] // KS
+                    nst[0] = steps(sused) * rng[4] // KS - first[0]
+                    run(xs, base, desc, acc, nst[0], tid, a, w, tbar, sused, pre if ahead else sused, first,
+                        rng[5], rng[6], tid - ring.copier0, n)
+                    if rng[3] == 0 and rng[4] == KS:
+                        staged_store(xs, base, acc, tid, out, rng[5] * BT, rng[6] * NB, nn(n))
+                    else:
+                        if tid < ring.consumers:
+                            for j in T.unroll(NB // 8):
+                                for h in T.unroll(2):  # 8 bytes a thread
+                                    if rng[5] * BT + _acc_row(tid, 2 * h) < nn(n):
+                                        for v in T.vectorized(2):
+                                            ws[((b * 2 + T.Select(rng[3] > 0, 0, 1)) * BT + _acc_row(tid, 2 * h))
+                                               * NB + _acc_col(j, tid, 2 * h) + v] = acc[4 * j + 2 * h + v]
+
+    def shared_tiles(n):
+        """Tiles of the rest that several shares split (all of them when a share is under a tile, else none)."""
+        return T.Select(share(n) < KS, tiles(n) * CB - waves(n) * P, 0)
+
+    @T.macro
+    def sum_pass(ws, out, n):
+        """A block per shared tile of the rest (and 4 columns a thread of it): its partials summed block by block in
+        order into out (one block, doing nothing, where no tile is shared)."""
+        for r in T.thread_binding(T.max(shared_tiles(n), 1), thread="blockIdx.x"):
+            for by in T.thread_binding(UNITS // SUM_THREADS, thread="blockIdx.y"):
+                for tx in T.thread_binding(SUM_THREADS, thread="threadIdx.x"):
+                    f = T.decl_buffer((3,), "int32", scope="local")  # first / last block, the tile of all
+                    tot = T.decl_buffer((4,), "float32", scope="local")
+                    if r < shared_tiles(n):
+                        f[0] = owner(r * KS, n)
+                        f[1] = owner(r * KS + KS - 1, n)
+                        f[2] = waves(n) * P + r
+                        for v in T.unroll(4):
+                            tot[v] = T.float32(0)
+                        for sb in range(f[0], f[1] + 1):
+                            for v in T.unroll(4):
+                                tot[v] = tot[v] + ws[((sb * 2 + slot(sb, r, n)) * BT
+                                                      + (by * SUM_THREADS + tx) // (NB // 4)) * NB
+                                                     + (by * SUM_THREADS + tx) % (NB // 4) * 4 + v]
+                        if f[2] % tiles(n) * BT + (by * SUM_THREADS + tx) // (NB // 4) < nn(n):
+                            for v in T.unroll(4):
+                                out[f[2] % tiles(n) * BT + (by * SUM_THREADS + tx) // (NB // 4),
+                                    f[2] // tiles(n) * NB + (by * SUM_THREADS + tx) % (NB // 4) * 4 + v] = T.Cast(
+                                    "float16", tot[v])
+
+    @T.macro
+    def body(a, w, mask, used, out, n):
+        if tma:
+            _weight_tensor_map(tmap, w, G * gs, N, NB, 2 if gs % KSTEP == 0 else 1)
+        ws = T.alloc_buffer((P * 2 * BT * NB,), "float32", scope="global")
+        main_pass(a, w, mask, out, ws, n)
+        sum_pass(ws, out, n)
 
     return body
 

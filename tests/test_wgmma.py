@@ -3,6 +3,7 @@ device code for every knob (nvcc, sm_90a). Their numerics are checked on the H20
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import subprocess
@@ -32,6 +33,7 @@ def test_wgmma_knobs_parse_name_and_validate():
     assert tile_knob(["wgmma", 128, 4, 4, 1, 1]).name() == "wg128n256s4p1"
     assert tile_knob(["wgmma", 128, 2, 6, 4, 2]).name() == "wg128n128s6k4p2"
     assert tile_knob(["wgmma", 128, 4, 4, 1, 4, 132]).name() == "wg128n256s4p4x132"  # a persistent grid of 132
+    assert tile_knob(["wgmma", 128, 4, 4, 1, 0, 132]).name() == "wg128n256s4x132"  # ... gemm_k's: stream-K
     # swapped operands: any multiple of 8 tokens a tile (wgmma N)
     assert tile_knob(["wgmma", 80, 2, 8, 1, 0, 0, 1]) == TileKnobs(80, 2, 8, 1, "wgmma", 1, 0, 0, 1)
     assert tile_knob(["wgmma", 80, 2, 8, 1, 0, 0, 1]).name() == "wg80n128s8t"
@@ -42,7 +44,7 @@ def test_wgmma_knobs_parse_name_and_validate():
     for bad, why in ((["wgmma", 192, 4, 3], "tokens must be one of"), (["wgmma", 128, 5, 4], "rows 1..4"),
                      (["wgmma", 128, 4, 2], "stages >= 3"), (["wgmma", 128, 4], "expected \\['wgmma'"),
                      (["wgmma", 128, 4, 4, 0], "ksplit >= 1"), (["wgmma", 128, 4, 4, 1, 3], "producer warps one of"),
-                     (["wgmma", 128, 4, 4, 1, 0, 132], "persistent grid needs producer warps"),
+                     (["wgmma", 128, 4, 4, 1, 4, 1], "persistent grid of 0 or at least 2 blocks"),
                      ([128, 1, 3, 1, "smem", 2], "only the wgmma GEMMs"),
                      ([128, 1, 3, 1, "smem", 1, 1], "only the wgmma GEMMs"),
                      (["wgmma", 84, 2, 4, 1, 0, 0, 1], "tokens a multiple of 8 up to 256"),
@@ -82,8 +84,12 @@ def test_wgmma_tiles_and_shared_memory():
     check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 2), True)  # gemm_mn splits K too
     with pytest.raises(ValueError, match="a persistent grid does not split K"):
         check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 2, 4, 132), True)
-    with pytest.raises(ValueError, match="only the wgmma gemm_mn runs on a persistent grid"):
-        check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 1, 4, 132))
+    with pytest.raises(ValueError, match="gemm_mn's persistent grid needs producer warps"):
+        check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 1, 0, 132), True)
+    check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 1, 0, 132))  # gemm_k: stream-K, every thread copies
+    for ksplit, producer in ((2, 0), (1, 4)):  # ... which splits K itself, without producer warps
+        with pytest.raises(ValueError, match="gemm_k's persistent grid"):
+            check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", ksplit, producer, 132))
     # swapped operands: a warpgroup per 64 weight rows (32 channels of gate and up), whatever the token tile
     sw = TileKnobs(80, 2, 8, 1, "wgmma", swap=1)
     assert wgmma_n(128, True, sw) == (128, 64) and ring_layout(sw, 128) == (256, 256, 256, 80 * 128, (80 + 128) * 128)
@@ -120,6 +126,54 @@ def test_gemm_k_split_follows_the_token_count():
     assert "T.max(1, T.min(8," in script.replace("T.int32(", "(")
     script = gemm_k(8, 512, 4096, "float16", "tc", "cuda", tile_knobs=(WGMMA_TILES,) * 3).script()
     assert "T.max(1, T.min(4," in script.replace("T.int32(", "(")
+
+
+def test_stream_k_shares_every_tiles_steps_out_once():
+    """gemm_k's persistent grid (wgmma_gemm._stream_k_body): the whole waves' tiles b, b + P, ... and the shares of
+    the rest's K steps cover every tile's steps once; a block runs all of a tile or writes one partial slot (0: its
+    first tile of the rest, begun before it; 1: its last), no two tiles share a block's slot, and the block owning a
+    shared tile's first step finds exactly the blocks with a non-empty part of it, in order (the sum launch's walk).
+    Shares are whole quarter tiles up to half a tile, else whole tiles."""
+    from wide_tvm.schedules.wgmma_gemm import STREAM_K_OFFSETS, stream_k_owner, stream_k_share, stream_k_start
+
+    assert [stream_k_share(r * 224, 132, 224) for r in (1, 12, 33, 60, 66, 67, 80, 131)] == [56] * 3 + [112] * 2 + [
+        224] * 3
+    for tiles, ks, blocks in itertools.product((1, 2, 5, 80, 131, 132, 133, 144, 264, 512), (1, 7, 64, 224),
+                                               (2, 3, 132)):
+        waves, rest_tiles = tiles // blocks, tiles % blocks
+        rest = rest_tiles * ks
+        share = stream_k_share(rest, blocks, ks)
+        q = ks // STREAM_K_OFFSETS if ks % STREAM_K_OFFSETS == 0 else ks  # shares: whole quarter tiles (or tiles)
+        assert share * blocks >= rest and share % q == 0 and (share == ks or 2 * share <= ks)
+        start = [stream_k_start(rest, b, share) for b in range(blocks + 1)]
+        whole, slots, parts = {}, {}, {}
+        for b in range(blocks):
+            for k in range(waves):
+                assert b + k * blocks not in whole
+                whole[b + k * blocks] = b
+            for r in range(start[b] // ks, (start[b + 1] + ks - 1) // ks):
+                lo, hi = max(start[b], r * ks) - r * ks, min(start[b + 1], r * ks + ks) - r * ks
+                if (lo, hi) == (0, ks):
+                    assert waves * blocks + r not in whole
+                    whole[waves * blocks + r] = b
+                else:  # (an empty share, only where there are fewer steps than blocks, writes zeros no sum reads)
+                    assert (b, int(lo == 0)) not in slots
+                    slots[b, int(lo == 0)] = r
+                    if hi > lo:
+                        parts.setdefault(r, []).append((lo, hi, b))
+        assert all(t in whole for t in range(waves * blocks))
+        for r in range(rest_tiles):  # the sum launch takes every tile of the rest when a share is under a tile
+            assert (waves * blocks + r in whole) == (share == ks)
+            if waves * blocks + r in whole:
+                assert r not in parts
+                continue
+            first, last = stream_k_owner(r * ks, share), stream_k_owner(r * ks + ks - 1, share)
+            walk = list(range(first, last + 1))
+            assert all(start[b] < start[b + 1] for b in walk)
+            assert [b for _, _, b in sorted(parts[r])] == walk, (tiles, ks, blocks, r)
+            assert all(slots[b, int(start[b] <= r * ks)] == r for b in walk)
+            edges = [e for lo, hi, _ in sorted(parts[r]) for e in (lo, hi)]
+            assert edges[0] == 0 and edges[-1] == ks and all(a == b for a, b in zip(edges[1:-1:2], edges[2:-1:2]))
 
 
 def _tensor_map_calls(func) -> list:
@@ -334,15 +388,19 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
     # an L2-prefetching variant differs from its base only in the weight copies' PTX: one of them builds
     l2 = [v for v in WGMMA_VARIANTS if len(v) > 8 and v[8]]
     for i, v in enumerate(v for v in WGMMA_VARIANTS if v not in l2[1:]):
-        # every set builds gemm_mn, those splitting K too (Q: one K step over 4 or 8 blocks, most of them empty)
-        cases += [(f"mn{i}", "mn", (4, 64, 128, True), v), (f"q{i}", "mn", (2, 512, 64, False), v)]
-        if len(v) < 7:  # only gemm_mn runs on a persistent grid or swaps its operands
-            cases.append((f"k{i}", "k", (3, 64, 256), v))
+        # every set but gemm_k's stream-K builds gemm_mn, those splitting K too (Q: one K step over 4 or 8 blocks,
+        # most of them empty)
+        stream_k = len(v) > 6 and v[6] and not v[5]  # gemm_k's persistent grid (no producer warps)
+        if not stream_k:
+            cases += [(f"mn{i}", "mn", (4, 64, 128, True), v), (f"q{i}", "mn", (2, 512, 64, False), v)]
+        if len(v) < 7 or stream_k:  # only gemm_mn swaps its operands or walks tiles with producer warps
+            # (stream-K: 4 K steps, so that a share can be a quarter tile; 3 would leave only whole tiles)
+            cases.append((f"k{i}", "k", (4 if stream_k else 3, 64, 256), v))
     cases.append(("mn32", "mn", (6, 32, 64, True), ("wgmma", 128, 4, 4)))
     # two groups a K step: 128-token tiles (with lookahead), 64-token ones (without), producer warps
     for name, v in (("k32", ("wgmma", 128, 2, 6, 4)), ("k32s", ("wgmma", 64, 1, 4)),
-                    ("k32p", ("wgmma", 64, 1, 4, 1, 1))):
-        cases.append((name, "k", (5, 32, 256), v))
+                    ("k32p", ("wgmma", 64, 1, 4, 1, 1)), ("k32x", ("wgmma", 128, 4, 4, 1, 0, 132))):
+        cases.append((name, "k", (8 if name == "k32x" else 5, 32, 256), v))  # (stream-K: 4 K steps, as above)
     # two halves, each compiled (nvcc included) in a process of its own: both cores
     with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
         halves = list(pool.map(_compile_cases, (cases[::2], cases[1::2]), (str(tmp_path / "a.so"), None)))
@@ -380,6 +438,8 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
             staged[name] = "*(uint4*)(out_ptr" in body[0] and "*(float2*)(ws_ptr" in body[0] and not direct
             assert staged[name] == (tile_knob(v).ksplit == 1), (name, v)
     assert any(staged.values()) and not all(staged.values())
+    # gemm_k's stream-K grid restarts its TMA mbarriers' phases at each tile it takes up
+    assert "mbarrier.inval.shared::cta.b64" in src
     # gemm_mn on the per-tile grid (operands not swapped) stores an unsplit tile through shared memory into its
     # tokens' rows and a split one's fp32 partials 8 bytes a thread; swapped and persistent kernels store fragments.
     # Reading the reorder's order (past SORT_TOKENS) an unsplit per-tile kernel (gate/up or Q) writes no zeros: a

@@ -277,6 +277,11 @@ def test_sweep_knob_names_match_the_kernels():
     assert variants(down, 64) == K_VARIANTS  # the direct kernels; past them the tile kernels (wgmma on sm_90a)
     on_grid = tuple(v for v in WGMMA_VARIANTS if len(v) < 7)  # the persistent-grid ones are gemm_mn's alone
     assert variants(down, 65) == TILE_VARIANTS + on_grid and variants(down, 65, False) == TILE_VARIANTS
+    from wide_tvm.bench.workloads import STREAM_K_VARIANTS  # gemm_k's persistent grid: a knob outside the spaces
+    for w in LLAMA_8B:
+        assert all(wgmma_fits(w, v) == (w.kind == "gemm_k") for v in STREAM_K_VARIANTS), w.name
+        for v in STREAM_K_VARIANTS:
+            assert tile_name(v) == tile_gemm.tile_knob(v).name()
     for w in LLAMA_8B:  # the GPU host's shape test agrees with the kernels' own
         for v in WGMMA_VARIANTS:
             mn = w.kind == "gemm_mn"

@@ -382,20 +382,19 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from wide_tvm.bench.workloads import WGMMA_VARIANTS
+    from wide_tvm.bench.workloads import STREAM_K_VARIANTS, WGMMA_VARIANTS
 
     cases = []
     # an L2-prefetching variant differs from its base only in the weight copies' PTX: one of them builds
     l2 = [v for v in WGMMA_VARIANTS if len(v) > 8 and v[8]]
     for i, v in enumerate(v for v in WGMMA_VARIANTS if v not in l2[1:]):
-        # every set but gemm_k's stream-K builds gemm_mn, those splitting K too (Q: one K step over 4 or 8 blocks,
-        # most of them empty)
-        stream_k = len(v) > 6 and v[6] and not v[5]  # gemm_k's persistent grid (no producer warps)
-        if not stream_k:
-            cases += [(f"mn{i}", "mn", (4, 64, 128, True), v), (f"q{i}", "mn", (2, 512, 64, False), v)]
-        if len(v) < 7 or stream_k:  # only gemm_mn swaps its operands or walks tiles with producer warps
-            # (stream-K: 4 K steps, so that a share can be a quarter tile; 3 would leave only whole tiles)
-            cases.append((f"k{i}", "k", (4 if stream_k else 3, 64, 256), v))
+        # every set builds gemm_mn, those splitting K too (Q: one K step over 4 or 8 blocks, most of them empty)
+        cases += [(f"mn{i}", "mn", (4, 64, 128, True), v), (f"q{i}", "mn", (2, 512, 64, False), v)]
+        if len(v) < 7:  # only gemm_mn runs on a persistent grid with producer warps or swaps its operands
+            cases.append((f"k{i}", "k", (3, 64, 256), v))
+    # gemm_k's persistent grid (stream-K; not in the tuning spaces): 4 K steps, so that a share can be a quarter tile
+    for i, v in enumerate(STREAM_K_VARIANTS):
+        cases.append((f"kx{i}", "k", (4, 64, 256), v))
     cases.append(("mn32", "mn", (6, 32, 64, True), ("wgmma", 128, 4, 4)))
     # two groups a K step: 128-token tiles (with lookahead), 64-token ones (without), producer warps
     for name, v in (("k32", ("wgmma", 128, 2, 6, 4)), ("k32s", ("wgmma", 64, 1, 4)),

@@ -138,10 +138,11 @@ WGMMA_VARIANTS = (("wgmma", 128, 4, 4), ("wgmma", 128, 2, 4), ("wgmma", 128, 2, 
                   ("wgmma", 48, 2, 6, 4, 0, 0, 1),
                   # ... with the weights' copies prefetching 256 bytes into L2 (schedules.wgmma_gemm, knob l2)
                   ("wgmma", 80, 1, 6, 1, 0, 0, 1, 256), ("wgmma", 48, 1, 8, 1, 0, 0, 1, 256),
-                  ("wgmma", 32, 1, 8, 1, 0, 0, 1, 256), ("wgmma", 48, 2, 8, 1, 0, 0, 1, 256),
-                  # gemm_k on a persistent grid of one block per H200 SM, the tiles' K steps shared out evenly
-                  # (stream-K): no wave tail, however many tiles a token count makes
-                  ("wgmma", 128, 4, 4, 1, 0, 132), ("wgmma", 128, 2, 6, 1, 0, 132))
+                  ("wgmma", 32, 1, 8, 1, 0, 0, 1, 256), ("wgmma", 48, 2, 8, 1, 0, 0, 1, 256))
+# gemm_k on a persistent grid of one block per H200 SM: whole waves of tiles, then the last wave's K steps shared
+# out (stream-K). Not in the tuning spaces (yet): measured faster where the last wave holds few tiles, but picked
+# for two buckets of one kernel it slowed that kernel's unchanged <= 128-token bucket (docs/performance.md, 2026-12-03)
+STREAM_K_VARIANTS = (("wgmma", 128, 4, 4, 1, 0, 132), ("wgmma", 128, 2, 6, 1, 0, 132))
 TILE_BUCKETS = (128, 512)  # = schedules.tile_gemm.TILE_BUCKETS
 TILE_SWEEP_BUCKETS = tuple(f"tiles{b}" for b in TILE_BUCKETS) + ("tiles",)  # their names in a sweep's picks
 PREFILL_SWEEP_TOKENS = (65, 128, 256, 512, 1024, 4096)
@@ -177,7 +178,7 @@ def wgmma_fits(w: Workload, v: tuple) -> bool:
         nw = 2 if w.swiglu else 1
         bn = min(w.group_size, 64 * v[2] // nw)  # output channels per block (wgmma_gemm.wgmma_n)
         return (w.k % 64 == 0 and bn % 16 == 0 and w.group_size % bn == 0 and nw * bn % 64 == 0
-                and (len(v) < 7 or not v[6] or (v[4] == 1 and v[5])))  # a persistent grid: producer warps, no split
+                and (len(v) < 7 or not v[6] or (v[4] == 1 and bool(v[5]))))  # a persistent grid: producer warps
     whole = w.group_size % 64 == 0 or w.group_size == 32  # whole K steps, or two groups a step
     stream_k = len(v) > 6 and v[6]  # a persistent grid: every thread copies, K shared out by the grid itself
     return (whole and w.n % (64 * v[2]) == 0 and not any(v[7:9])  # no swap or L2 prefetch

@@ -160,8 +160,8 @@ KERNELS = [
     ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 80, 1, 6, 1, 0, 0, 1, 256)),
     ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 48, 1, 8, 1, 0, 0, 1, 256)),
     ("gemm_mn_swiglu", 448, 32, 4096, "float16", "tc", None, ("wgmma", 32, 1, 8, 1, 0, 0, 1, 128)),
-    # gemm_k on a persistent grid that shares the tiles' K steps out evenly (stream-K): the Llama shapes, small
-    # shapes with fewer K steps than blocks (empty shares), and a grid of 5 blocks, each walking many tiles
+    # gemm_k on a persistent grid (whole waves, then the last wave's K steps shared out: stream-K): the Llama shapes,
+    # small shapes with fewer K steps than blocks (empty shares), and a grid of 5 blocks, each walking many tiles
     ("gemm_k", 112, 128, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 0, 132)),
     ("gemm_k", 448, 32, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 0, 132)),
     ("gemm_k", 8, 512, 4096, "float16", "tc", None, ("wgmma", 128, 2, 6, 1, 0, 132)),

@@ -24,7 +24,7 @@ from ..schedules.tile_gemm import DEFAULT_TILES, tile_knobs
 from ..weight_layout import TC_CHUNK, TC_ROWS, stored_shape
 from ..schedules.tiles import tiles_from_log
 from ..schedules.root_block import with_root_block
-from ..schedules.dependent_launch import dependent_launch
+from ..schedules.launch_bounds import as_built
 from .mask_analysis import MaskInfo, analyse_mask, op_name, resolve
 from .patterns import gated_projection, gated_swiglu_ffn
 from .query_projection import binding_order, find_query_projection, vars_read
@@ -70,7 +70,7 @@ class _State:
 
     def kernel(self, name: str, build) -> tvm.ir.GlobalVar:
         if name not in self.kernels:
-            func = dependent_launch(build()) if self.dependent else build()
+            func = as_built(build(), self.dependent)
             func = with_root_block(func).with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
             self.kernels[name] = self.builder.add_func(func, name)
         return self.kernels[name]

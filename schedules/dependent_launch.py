@@ -38,28 +38,34 @@ def _with_body(loop: tirx.For, body) -> tirx.For:
                     loop.step, loop.span)
 
 
-def _kernel_start(loop: tirx.For) -> tirx.For:
-    """A kernel's nest of thread bindings with the wait first inside its innermost directly nested one."""
+def wrap_kernel_body(loop: tirx.For, wrap) -> tirx.For:
+    """A kernel's nest of thread bindings with the body inside its innermost directly nested one replaced by
+    wrap(body)."""
     if _binds_thread(loop.body):
-        return _with_body(loop, _kernel_start(loop.body))
-    return _with_body(loop, tirx.SeqStmt([_prologue.body, loop.body]))
+        return _with_body(loop, wrap_kernel_body(loop.body, wrap))
+    return _with_body(loop, wrap(loop.body))
 
 
-def _rewrite(stmt):
-    """Every kernel (the outermost thread binding of a nest) in host code with the wait first."""
+def _kernel_start(loop: tirx.For) -> tirx.For:
+    """A kernel with the wait first inside its thread bindings."""
+    return wrap_kernel_body(loop, lambda body: tirx.SeqStmt([_prologue.body, body]))
+
+
+def map_kernels(stmt, kernel_fn):
+    """`stmt` (host code) with every kernel, the outermost thread binding of a nest, replaced by kernel_fn(kernel)."""
     if _binds_thread(stmt):
-        return _kernel_start(stmt)
+        return kernel_fn(stmt)
     if isinstance(stmt, tirx.For):
-        return _with_body(stmt, _rewrite(stmt.body))
+        return _with_body(stmt, map_kernels(stmt.body, kernel_fn))
     if isinstance(stmt, tirx.SeqStmt):
-        return tirx.SeqStmt([_rewrite(s) for s in stmt.seq])
+        return tirx.SeqStmt([map_kernels(s, kernel_fn) for s in stmt.seq])
     if isinstance(stmt, tirx.IfThenElse):
-        return tirx.IfThenElse(stmt.condition, _rewrite(stmt.then_case),
-                               None if stmt.else_case is None else _rewrite(stmt.else_case))
+        return tirx.IfThenElse(stmt.condition, map_kernels(stmt.then_case, kernel_fn),
+                               None if stmt.else_case is None else map_kernels(stmt.else_case, kernel_fn))
     if isinstance(stmt, tirx.AttrStmt):
-        return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, _rewrite(stmt.body))
+        return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, map_kernels(stmt.body, kernel_fn))
     if isinstance(stmt, tirx.While):
-        return tirx.While(stmt.condition, _rewrite(stmt.body))
+        return tirx.While(stmt.condition, map_kernels(stmt.body, kernel_fn))
     return stmt
 
 
@@ -67,4 +73,4 @@ def dependent_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """`func` (CUDA, sm_90 on: targets.launches_dependents) with every kernel launched as a programmatic dependent of
     the kernel before it in the stream, and waiting for it before its first read."""
     flags = [str(f) for f in (func.attrs.get(LAUNCH_PARAMS, []) if func.attrs is not None else [])]
-    return func.with_body(_rewrite(func.body)).with_attr(LAUNCH_PARAMS, flags if PDL in flags else flags + [PDL])
+    return func.with_body(map_kernels(func.body, _kernel_start)).with_attr(LAUNCH_PARAMS, flags if PDL in flags else flags + [PDL])

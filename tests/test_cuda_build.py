@@ -63,7 +63,7 @@ def _kernel_starts(source: str) -> dict[str, list[str]]:
 
     decl = re.compile(r"^(alignas\(\d+\) |__shared__ |extern __shared__ )")
     starts = {}
-    for m in re.finditer(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\([^)]*\) \{', source):
+    for m in re.finditer(r'extern "C" __global__ void (?:__launch_bounds__\(\d+(?:, \d+)?\) )?(\w+)\([^)]*\) \{', source):
         lines = (ln.strip() for ln in source[m.end():].splitlines())
         starts[m.group(1)] = [ln for ln in lines if ln and not decl.match(ln)][:2]
     return starts
@@ -94,6 +94,36 @@ def test_dependent_launch_waits_first_in_every_kernel(tmp_path):
     assert not any("launch_dependents" in s[1] for s in starts.values())  # never triggered early
     lib.export_library(str(tmp_path / "k.so"))
     assert open(tmp_path / "k.so", "rb").read().count(PDL_FLAG) == len(starts)
+
+
+def test_wgmma_kernels_are_built_for_one_block_per_sm():
+    """As the library builds them (launch_bounds.as_built), exactly the kernels that issue wgmma carry
+    `__launch_bounds__(threads, 1)` (ptxas's register budget then no longer follows the kernel's parameter order,
+    schedules/launch_bounds.py), and every kernel still waits first as a programmatic dependent."""
+    import re
+
+    from wide_tvm.schedules.gemv import GemvKnobs
+    from wide_tvm.schedules.launch_bounds import as_built, one_block_per_sm
+    from wide_tvm.schedules.tile_gemm import tile_knob
+    from wide_tvm.targets import parse_target
+
+    split = (GemvKnobs(8, 2, 2, 0, 1, 4),) + (GemvKnobs(),) * 4
+    tiles = (tile_knob(["wgmma", 64, 2, 4, 4]), tile_knob(["wgmma", 128, 2, 6]), tile_knob(["wgmma", 128, 2, 6]))
+    funcs = {"k": as_built(gemm_k(112, 128, 4096, "float16", "tc", "cuda", split, tiles), True),
+             "reorder": as_built(mask_reorder(112, "cuda"), True)}
+    target = parse_target("cuda")
+    with target:
+        lib = tvm.compile(tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in funcs.items()}), target)
+    source = lib.mod.imports[0].inspect_source()
+    kernels = list(re.finditer(r'extern "C" __global__ void __launch_bounds__\((\d+)(, 1)?\) (\w+)\([^)]*\) \{', source))
+    bodies = {m.group(3): (m.group(2), source[m.end():kernels[i + 1].start() if i + 1 < len(kernels) else None])
+              for i, m in enumerate(kernels)}
+    wgmma = {name for name, (_, body) in bodies.items() if "wgmma" in body}
+    assert len(wgmma) == 2 and len(bodies) >= 7, sorted(bodies)  # the two tile kernels; decode, sums, reorder not
+    assert {name for name, (one, _) in bodies.items() if one} == wgmma
+    for start in _kernel_starts(source).values():  # the wait first (after, at most, a scalar CSE binding)
+        assert "tvm_builtin_ptx_griddepcontrol_wait();" in start and "[" not in start[0], start
+    assert one_block_per_sm(funcs["reorder"]).script() == funcs["reorder"].script()  # no wgmma: unchanged
 
 
 def test_decode_kernels_use_tensor_cores_and_dispatch_on_tokens():

@@ -27,7 +27,7 @@ from wide_tvm.frontends.hf_checkpoint import load_wide_checkpoint  # noqa: E402
 from wide_tvm.model import WideConfig, build_example, example_inputs  # noqa: E402
 from wide_tvm.tiny_checkpoint import LORA_ALPHA, write_tiny_checkpoint  # noqa: E402
 from wide_tvm.schedules import gemm_k, gemm_mn, gemm_mn_reorder_bound, mask_reorder  # noqa: E402
-from wide_tvm.schedules.dependent_launch import dependent_launch  # noqa: E402
+from wide_tvm.schedules.launch_bounds import as_built  # noqa: E402
 from wide_tvm.schedules.gemv import DECODE_BUCKETS, GemvKnobs  # noqa: E402
 from wide_tvm.schedules.tile_gemm import DEFAULT_TILES, tile_knob  # noqa: E402
 from wide_tvm.targets import parse_target  # noqa: E402
@@ -253,7 +253,7 @@ def build_kernels(out_dir: str, only: str | None) -> None:
                  + (tile_knob(spec[7]).name() if len(spec) > 7 else ""))
         if only is not None and not re.search(only, knobs):
             continue
-        funcs[name] = dependent_launch(kernel_func(*spec)).with_attr("global_symbol", name)  # as wide-compile does
+        funcs[name] = as_built(kernel_func(*spec), True).with_attr("global_symbol", name)  # as wide-compile does
         specs.append({"name": name, "kind": spec[0], "groups": spec[1], "group_size": spec[2], "dim": spec[3],
                       "dtype": spec[4], "layout": spec[5], "knobs": knobs, "reorder_free": reorder_free(spec)})
     with target:

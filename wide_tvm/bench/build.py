@@ -25,7 +25,7 @@ from ..kernel_knobs import kernel_key  # noqa: E402
 from ..passes import LowerGatedLayers, wide_pipeline  # noqa: E402
 from ..schedules import gated_kernel, mask_reorder  # noqa: E402
 from ..schedules.code_version import records_of as code_records_of  # noqa: E402
-from ..schedules.dependent_launch import dependent_launch  # noqa: E402
+from ..schedules.launch_bounds import as_built  # noqa: E402
 from ..targets import has_wgmma, launches_dependents, parse_target, target_folder  # noqa: E402
 from ..schedules.gemv import DECODE_BUCKETS, GemvKnobs, decode_knobs, direct_bound, supports  # noqa: E402
 from ..schedules.tile_gemm import DEFAULT_TILES, tile_knob, tile_knobs  # noqa: E402
@@ -136,8 +136,8 @@ def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None =
         os.makedirs(out_dir, exist_ok=True)
         workloads = with_bounds(workloads, tgt.kind.name, tuned, has_wgmma(tgt))
         funcs = our_kernels(workloads, tgt.kind.name, sweep, tuned, has_wgmma(tgt))
-        if launches_dependents(tgt):  # launched as wide-compile launches them (schedules/dependent_launch.py)
-            funcs = {name: dependent_launch(f) for name, f in funcs.items()}
+        # built as wide-compile builds them (schedules/launch_bounds.py, schedules/dependent_launch.py)
+        funcs = {name: as_built(f, launches_dependents(tgt)) for name, f in funcs.items()}
         tvm.compile(tvm.IRModule(funcs), tgt).export_library(
             os.path.join(out_dir, "ours.so"))
         dense = LowerGatedLayers(tgt.kind.name, enabled=False)  # the same pipeline wide-compile runs, no gating

@@ -275,9 +275,11 @@ def test_sweep_knob_names_match_the_kernels():
     assert TILE_BUCKETS == tile_gemm.TILE_BUCKETS
     down = next(w for w in LLAMA_8B if w.kind == "gemm_k")
     assert variants(down, 64) == K_VARIANTS  # the direct kernels; past them the tile kernels (wgmma on sm_90a)
-    on_grid = tuple(v for v in WGMMA_VARIANTS if len(v) < 7)  # the persistent-grid ones are gemm_mn's alone
-    assert variants(down, 65) == TILE_VARIANTS + on_grid and variants(down, 65, False) == TILE_VARIANTS
-    from wide_tvm.bench.workloads import STREAM_K_VARIANTS  # gemm_k's persistent grid: a knob outside the spaces
+    from wide_tvm.bench.workloads import STREAM_K_VARIANTS  # gemm_k's persistent grid (the others: gemm_mn's)
+    on_grid = tuple(v for v in WGMMA_VARIANTS if len(v) < 7)
+    assert set(STREAM_K_VARIANTS) <= set(WGMMA_VARIANTS)
+    assert variants(down, 65) == TILE_VARIANTS + on_grid + STREAM_K_VARIANTS
+    assert variants(down, 65, False) == TILE_VARIANTS
     for w in LLAMA_8B:
         assert all(wgmma_fits(w, v) == (w.kind == "gemm_k") for v in STREAM_K_VARIANTS), w.name
         for v in STREAM_K_VARIANTS:
@@ -297,7 +299,7 @@ def test_sweep_knob_names_match_the_kernels():
     # what a `--sweep tiles` / `--sweep wgmma` build holds: nothing for the direct kernels' token counts
     assert swept_variants(down, 64, True, "tiles") == () == swept_variants(down, 64, True, "wgmma")
     assert swept_variants(down, 64, True, "all") == K_VARIANTS
-    assert swept_variants(down, 65, True, "wgmma") == on_grid  # down g128 takes every per-tile wgmma candidate
+    assert swept_variants(down, 65, True, "wgmma") == on_grid + STREAM_K_VARIANTS  # every gemm_k wgmma candidate
     assert swept_variants(down, 65, False, "wgmma") == ()  # a target without wgmma: nothing to sweep
     assert swept_variants(down, 65, True, "tiles") == variants(down, 65)
 

@@ -140,9 +140,12 @@ WGMMA_VARIANTS = (("wgmma", 128, 4, 4), ("wgmma", 128, 2, 4), ("wgmma", 128, 2, 
                   ("wgmma", 80, 1, 6, 1, 0, 0, 1, 256), ("wgmma", 48, 1, 8, 1, 0, 0, 1, 256),
                   ("wgmma", 32, 1, 8, 1, 0, 0, 1, 256), ("wgmma", 48, 2, 8, 1, 0, 0, 1, 256))
 # gemm_k on a persistent grid of one block per H200 SM: whole waves of tiles, then the last wave's K steps shared
-# out (stream-K). Not in the tuning spaces (yet): measured faster where the last wave holds few tiles, but picked
-# for two buckets of one kernel it slowed that kernel's unchanged <= 128-token bucket (docs/performance.md, 2026-12-03)
+# out (stream-K); faster where the last wave holds few tiles (docs/performance.md, 2026-12-03). Out of the spaces
+# for a round while picking it for two buckets slowed the kernel's unchanged <= 128-token bucket: that was ptxas
+# giving the <= 128 kernel fewer registers for another parameter order, gone since the wgmma kernels are built for
+# one block per SM (schedules/launch_bounds.py)
 STREAM_K_VARIANTS = (("wgmma", 128, 4, 4, 1, 0, 132), ("wgmma", 128, 2, 6, 1, 0, 132))
+WGMMA_VARIANTS += STREAM_K_VARIANTS
 TILE_BUCKETS = (128, 512)  # = schedules.tile_gemm.TILE_BUCKETS
 TILE_SWEEP_BUCKETS = tuple(f"tiles{b}" for b in TILE_BUCKETS) + ("tiles",)  # their names in a sweep's picks
 PREFILL_SWEEP_TOKENS = (65, 128, 256, 512, 1024, 4096)

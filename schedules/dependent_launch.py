@@ -73,4 +73,5 @@ def dependent_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """`func` (CUDA, sm_90 on: targets.launches_dependents) with every kernel launched as a programmatic dependent of
     the kernel before it in the stream, and waiting for it before its first read."""
     flags = [str(f) for f in (func.attrs.get(LAUNCH_PARAMS, []) if func.attrs is not None else [])]
-    return func.with_body(map_kernels(func.body, _kernel_start)).with_attr(LAUNCH_PARAMS, flags if PDL in flags else flags + [PDL])
+    return func.with_body(map_kernels(func.body, _kernel_start)).with_attr(
+        LAUNCH_PARAMS, flags if PDL in flags else flags + [PDL])

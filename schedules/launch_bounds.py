@@ -5,10 +5,10 @@ TVM passes the values a kernel's host code computes (CSE's `cse_v*`) as kernel p
 numbers in those names count over the whole host function, so a kernel's parameter order changes with the other
 kernels of its dispatch. With `__launch_bounds__(threads)` alone, ptxas's register budget for the wgmma kernels
 follows that order: the down projection for groups of 32 at <= 128 tokens (`wg64n128s4k4`) compiled to 255
-registers in one build and 202 registers (1664 bytes more code, 19-39 % slower on the H200) in a build whose
-larger buckets had other knobs, with an identical kernel body. A minimum of one block per SM makes ptxas allocate
-as for one resident block: the same kernel then compiles to 255 registers in both orders (docs/performance.md,
-2026-12-03 "Register budgets").
+registers in one build and 202 registers (1664 bytes more code, 18-40 % slower at 33-128 tokens on the H200) in a
+build whose larger buckets had other knobs, with an identical kernel body. A minimum of one block per SM makes
+ptxas allocate as for one resident block: the same kernel then compiles to 255 registers in both orders
+(docs/performance.md, "Latest run (2026-12-03, second session)").
 
 Like programmatic dependent launch (dependent_launch.py) this is how the library is built, not a knob: the tuning
 runner builds its candidates without it.

@@ -63,7 +63,8 @@ def _kernel_starts(source: str) -> dict[str, list[str]]:
 
     decl = re.compile(r"^(alignas\(\d+\) |__shared__ |extern __shared__ )")
     starts = {}
-    for m in re.finditer(r'extern "C" __global__ void (?:__launch_bounds__\(\d+(?:, \d+)?\) )?(\w+)\([^)]*\) \{', source):
+    kernel = r'extern "C" __global__ void (?:__launch_bounds__\(\d+(?:, \d+)?\) )?(\w+)\([^)]*\) \{'
+    for m in re.finditer(kernel, source):
         lines = (ln.strip() for ln in source[m.end():].splitlines())
         starts[m.group(1)] = [ln for ln in lines if ln and not decl.match(ln)][:2]
     return starts
@@ -115,7 +116,8 @@ def test_wgmma_kernels_are_built_for_one_block_per_sm():
     with target:
         lib = tvm.compile(tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in funcs.items()}), target)
     source = lib.mod.imports[0].inspect_source()
-    kernels = list(re.finditer(r'extern "C" __global__ void __launch_bounds__\((\d+)(, 1)?\) (\w+)\([^)]*\) \{', source))
+    kernel = r'extern "C" __global__ void __launch_bounds__\((\d+)(, 1)?\) (\w+)\([^)]*\) \{'
+    kernels = list(re.finditer(kernel, source))
     bodies = {m.group(3): (m.group(2), source[m.end():kernels[i + 1].start() if i + 1 < len(kernels) else None])
               for i, m in enumerate(kernels)}
     wgmma = {name for name, (_, body) in bodies.items() if "wgmma" in body}

@@ -1299,9 +1299,7 @@ def _stream_k_body(knobs: TileKnobs, G: int, gs: int, N: int, KS: int, ring: Rin
     def body(a, w, mask, used, out, n):
         if tma:
             _weight_tensor_map(tmap, w, G * gs, N, NB, 2 if gs % KSTEP == 0 else 1)
-        # (a constant size: a build whose <= 512 and > 512 buckets both had these knobs ran down g32's unchanged
-        # <= 128-token kernel 19-39 % slower on the H200, and builds with either bucket alone did not; see
-        # docs/performance.md, 2026-12-03. Not yet fixed: the database holds no record of these knobs)
+        # (a constant size; host code allocates it at function entry, whichever bucket runs)
         ws = T.alloc_buffer((P * 2 * BT * NB,), "float32", scope="global")
         main_pass(a, w, mask, out, ws, n)
         sum_pass(ws, out, n)

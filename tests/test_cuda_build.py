@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -55,18 +56,18 @@ def test_model_builds_for_cuda(exported, tmp_path):
 
 
 PDL_FLAG = b"tirx.use_programtic_dependent_launch"
+# a kernel's first line in TVM's CUDA source: its launch bound (threads[, minimum blocks per SM]) and name
+KERNEL_HEADER = (r'extern "C" __global__ void (?:__launch_bounds__\((?P<threads>\d+)(?:, (?P<min_blocks>\d+))?\) )?'
+                 r'(?P<name>\w+)\([^)]*\) \{')
 
 
 def _kernel_starts(source: str) -> dict[str, list[str]]:
     """The first two statements (after declarations) of every kernel defined in CUDA source."""
-    import re
-
     decl = re.compile(r"^(alignas\(\d+\) |__shared__ |extern __shared__ )")
     starts = {}
-    kernel = r'extern "C" __global__ void (?:__launch_bounds__\(\d+(?:, \d+)?\) )?(\w+)\([^)]*\) \{'
-    for m in re.finditer(kernel, source):
+    for m in re.finditer(KERNEL_HEADER, source):
         lines = (ln.strip() for ln in source[m.end():].splitlines())
-        starts[m.group(1)] = [ln for ln in lines if ln and not decl.match(ln)][:2]
+        starts[m.group("name")] = [ln for ln in lines if ln and not decl.match(ln)][:2]
     return starts
 
 
@@ -101,7 +102,6 @@ def test_wgmma_kernels_are_built_for_one_block_per_sm():
     """As the library builds them (launch_bounds.as_built), exactly the kernels that issue wgmma carry
     `__launch_bounds__(threads, 1)` (ptxas's register budget then no longer follows the kernel's parameter order,
     schedules/launch_bounds.py), and every kernel still waits first as a programmatic dependent."""
-    import re
 
     from wide_tvm.schedules.gemv import GemvKnobs
     from wide_tvm.schedules.launch_bounds import as_built, one_block_per_sm
@@ -116,13 +116,14 @@ def test_wgmma_kernels_are_built_for_one_block_per_sm():
     with target:
         lib = tvm.compile(tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in funcs.items()}), target)
     source = lib.mod.imports[0].inspect_source()
-    kernel = r'extern "C" __global__ void __launch_bounds__\((\d+)(, 1)?\) (\w+)\([^)]*\) \{'
-    kernels = list(re.finditer(kernel, source))
-    bodies = {m.group(3): (m.group(2), source[m.end():kernels[i + 1].start() if i + 1 < len(kernels) else None])
+    kernels = list(re.finditer(KERNEL_HEADER, source))
+    bodies = {m.group("name"): (m, source[m.end():kernels[i + 1].start() if i + 1 < len(kernels) else None])
               for i, m in enumerate(kernels)}
+    assert all(m.group("threads") for m, _ in bodies.values())  # every kernel launch-bounded
     wgmma = {name for name, (_, body) in bodies.items() if "wgmma" in body}
     assert len(wgmma) == 2 and len(bodies) >= 7, sorted(bodies)  # the two tile kernels; decode, sums, reorder not
-    assert {name for name, (one, _) in bodies.items() if one} == wgmma
+    assert {name for name, (m, _) in bodies.items() if m.group("min_blocks") == "1"} == wgmma
+    assert {m.group("min_blocks") for m, _ in bodies.values()} == {"1", None}
     for start in _kernel_starts(source).values():  # the wait first (after, at most, a scalar CSE binding)
         assert "tvm_builtin_ptx_griddepcontrol_wait();" in start and "[" not in start[0], start
     assert one_block_per_sm(funcs["reorder"]).script() == funcs["reorder"].script()  # no wgmma: unchanged

@@ -49,6 +49,11 @@ DECODE_CHOICES = {"warps": (4, 8, 16, 32), "unroll": (1, 2, 4), "rows": (1, 2), 
 KINDS = ("gemm_mn_swiglu", "gemm_mn", "gemm_k")
 
 
+def _split_tail(variant: tuple) -> bool:
+    """Whether a wgmma tile variant splits its last wave in K (its tenth entry)."""
+    return len(variant) > 9 and bool(variant[9])
+
+
 def _swapped(variant: tuple) -> bool:
     """Whether a wgmma tile variant swaps its operands (its eighth entry)."""
     return len(variant) > 7 and bool(variant[7])
@@ -102,8 +107,10 @@ class KnobTask:
         # active tokens in one tile only over part of the 129-512 bucket, and past it in two or three (on the H200
         # the bucket's two-count runner picked them, and they were 5-35 % slower at 129-192 and 320-384 tokens:
         # docs/performance.md, "gemm_mn with swapped operands")
+        # split-tail candidates only past 512 tokens: below, their kernels are the same as without the split (the
+        # per-tile gemm_mn sorts its tokens itself there and never runs the pass that splits)
         wg = tuple(v for v in WGMMA_VARIANTS if wgmma_fits(w, v) and (self.bucket == 0 or not _swapped(v))
-                   ) if self.wgmma else ()
+                   and (self.bucket == len(TILE_TOKENS) - 1 or not _split_tail(v))) if self.wgmma else ()
         return {"variant": TILE_VARIANTS + wg}
 
     def size(self) -> int:

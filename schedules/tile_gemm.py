@@ -54,6 +54,10 @@ class TileKnobs:
     # wgmma gemm_mn: the weights' cp.async asks L2 to prefetch this many bytes around each 16-byte copy (0, or one of
     # L2_PREFETCH: PTX's .L2::64B/128B/256B), so a memory-bound tile's DRAM requests are fewer and larger
     l2: int = 0
+    # wgmma gemm_mn on the per-tile grid, past SORT_TOKENS: when the tiles past the last whole wave of blocks fill
+    # at most half a wave, each of them is split in K over up to this many blocks (extra blocks past the grid's
+    # tiles), their fp32 partials summed by a second launch; 0: those tiles run whole, a wave of their own
+    tail: int = 0
 
     def name(self) -> str:
         if self.kernel == "gemv":
@@ -61,7 +65,8 @@ class TileKnobs:
         if self.kernel == "wgmma":
             return (f"wg{self.tokens}n{64 * self.rows}s{self.stages}" + (f"k{self.ksplit}" if self.ksplit > 1 else "")
                     + (f"p{self.producer}" if self.producer else "") + (f"x{self.persistent}" if self.persistent else "")
-                    + ("t" if self.swap else "") + (f"l{self.l2}" if self.l2 else ""))
+                    + ("t" if self.swap else "") + (f"l{self.l2}" if self.l2 else "")
+                    + (f"w{self.tail}" if self.tail else ""))
         return f"t{self.tokens}r{self.rows}s{self.stages}p{self.prefetch}"
 
 
@@ -71,6 +76,7 @@ GEMV_TILES = TileKnobs(kernel="gemv")
 WGMMA_TOKENS = (64, 128)
 WGMMA_PRODUCERS = (0, 1, 2, 4)  # producer warps: they must split a 64-row tile's 16-byte copies evenly
 SWAP_TOKENS = range(8, 257, 8)  # token tiles of the swapped wgmma gemm_mn: wgmma N
+TAIL_SHARES = (2, 4, 8, 16)  # most blocks a last-wave gemm_mn tile's K is split over (knob tail)
 L2_PREFETCH = (64, 128, 256)  # L2 prefetch sizes a cp.async may ask for (bytes)
 # Token counts past the direct kernels are split into buckets (<= 128, <= 512, more), each with its kernel and knobs
 TILE_BUCKETS = (128, 512)
@@ -79,18 +85,19 @@ DEFAULT_TILES = (GEMV_TILES, TileKnobs(), TileKnobs())
 
 def tile_knob(entry) -> TileKnobs:
     """One bucket's knobs from a log or sweep entry: [tokens, rows, stages, prefetch], ["gemv"], or
-    ["wgmma", tokens, rows, stages(, ksplit(, producer warps(, persistent blocks(, swap(, L2 prefetch bytes)))))]."""
+    ["wgmma", tokens, rows, stages(, ksplit(, producer warps(, persistent blocks(, swap(, L2 prefetch bytes(, tail
+    shares))))))]."""
     entry = list(entry)
     if entry == ["gemv"]:
         return GEMV_TILES
     if entry and entry[0] == "wgmma":
-        if len(entry) not in (4, 5, 6, 7, 8, 9):
+        if len(entry) not in (4, 5, 6, 7, 8, 9, 10):
             raise ValueError(f"wgmma tile knobs {entry}: expected ['wgmma', tokens, rows (N / 64), stages(, ksplit"
-                             "(, producer warps(, persistent blocks(, swap(, L2 prefetch bytes)))))]")
+                             "(, producer warps(, persistent blocks(, swap(, L2 prefetch bytes(, tail shares))))))]")
         knobs = TileKnobs(tokens=entry[1], rows=entry[2], stages=entry[3], kernel="wgmma",
                           ksplit=entry[4] if len(entry) > 4 else 1, producer=entry[5] if len(entry) > 5 else 0,
                           persistent=entry[6] if len(entry) > 6 else 0, swap=entry[7] if len(entry) > 7 else 0,
-                          l2=entry[8] if len(entry) > 8 else 0)
+                          l2=entry[8] if len(entry) > 8 else 0, tail=entry[9] if len(entry) > 9 else 0)
     else:
         knobs = TileKnobs(*entry)
     check_tile_knobs(knobs)
@@ -125,6 +132,10 @@ def check_tile_knobs(knobs: TileKnobs) -> None:
     """ValueError unless `knobs` describe a tile GEMM this module (or schedules/wgmma_gemm.py) can build."""
     if knobs.kernel == "wgmma" and knobs.l2 and knobs.l2 not in L2_PREFETCH:
         raise ValueError(f"wgmma tile knobs {knobs}: an L2 prefetch is one of {L2_PREFETCH} bytes (or 0, none)")
+    if knobs.kernel == "wgmma" and knobs.tail and (knobs.tail not in TAIL_SHARES or knobs.swap or knobs.ksplit != 1
+                                                   or knobs.persistent):
+        raise ValueError(f"wgmma tile knobs {knobs}: a split tail wave ({knobs.tail} shares a tile) is one of "
+                         f"{TAIL_SHARES} shares, on the per-tile grid of an unswapped gemm_mn that does not split K")
     if knobs.kernel == "wgmma" and knobs.swap:
         # (4 warpgroups: TVM's shared-memory sync planner refuses the kernel, "cannot insert syncs inside condition")
         if (knobs.tokens not in SWAP_TOKENS or knobs.stages < 3 or not 1 <= knobs.rows <= 2 or knobs.ksplit < 1
@@ -141,9 +152,9 @@ def check_tile_knobs(knobs: TileKnobs) -> None:
                              "64 tokens), rows 1..4 (wgmma N = 64 rows), stages >= 3, ksplit >= 1, producer "
                              f"warps one of {WGMMA_PRODUCERS}, and a persistent grid of 0 or at least 2 blocks")
         return
-    if knobs.ksplit != 1 or knobs.producer or knobs.persistent or knobs.swap or knobs.l2:
+    if knobs.ksplit != 1 or knobs.producer or knobs.persistent or knobs.swap or knobs.l2 or knobs.tail:
         raise ValueError(f"tile knobs {knobs}: only the wgmma GEMMs split K over blocks, have producer warps, "
-                         "a persistent grid, swapped operands or an L2 prefetch size")
+                         "a persistent grid, swapped operands, an L2 prefetch size or a split tail wave")
     if knobs.kernel != "smem" or knobs.tokens % 64 or knobs.rows < 1 or knobs.stages < 2 or knobs.prefetch < 1:
         raise ValueError(f"tile knobs {knobs}: tokens must be a multiple of 64, rows >= 1, stages >= 2, "
                          "prefetch >= 1, kernel 'smem' (or 'gemv', which has no tile GEMM)")

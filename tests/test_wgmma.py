@@ -41,6 +41,9 @@ def test_wgmma_knobs_parse_name_and_validate():
     # ... whose weight copies ask L2 for 256-byte prefetches
     assert tile_knob(["wgmma", 80, 1, 6, 1, 0, 0, 1, 256]) == TileKnobs(80, 1, 6, 1, "wgmma", 1, 0, 0, 1, 256)
     assert tile_knob(["wgmma", 80, 1, 6, 1, 0, 0, 1, 256]).name() == "wg80n64s6tl256"
+    # ... gemm_mn's last wave split in K over up to 8 blocks a tile (past 512 tokens)
+    assert tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8]) == TileKnobs(128, 4, 4, 1, "wgmma", 1, 4, tail=8)
+    assert tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8]).name() == "wg128n256s4p4w8"
     for bad, why in ((["wgmma", 192, 4, 3], "tokens must be one of"), (["wgmma", 128, 5, 4], "rows 1..4"),
                      (["wgmma", 128, 4, 2], "stages >= 3"), (["wgmma", 128, 4], "expected \\['wgmma'"),
                      (["wgmma", 128, 4, 4, 0], "ksplit >= 1"), (["wgmma", 128, 4, 4, 1, 3], "producer warps one of"),
@@ -54,7 +57,12 @@ def test_wgmma_knobs_parse_name_and_validate():
                      (["wgmma", 80, 2, 4, 1, 0, 0, 2], "tokens a multiple of 8"),
                      ([128, 1, 3, 1, "smem", 1, 0, 0, 1], "swapped operands"),
                      (["wgmma", 80, 1, 6, 1, 0, 0, 1, 512], "an L2 prefetch is one of"),
-                     (["wgmma", 80, 1, 6, 1, 0, 0, 1, 256, 1], "expected \\['wgmma'"),
+                     (["wgmma", 80, 1, 6, 1, 0, 0, 1, 256, 8, 1], "expected \\['wgmma'"),
+                     (["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 3], "a split tail wave"),
+                     (["wgmma", 128, 4, 4, 2, 4, 0, 0, 0, 8], "a split tail wave"),
+                     (["wgmma", 128, 4, 4, 1, 4, 132, 0, 0, 8], "a split tail wave"),
+                     (["wgmma", 80, 1, 6, 1, 0, 0, 1, 0, 8], "a split tail wave"),
+                     ([128, 1, 3, 1, "smem", 1, 0, 0, 0, 0, 8], "a split tail wave"),
                      ([128, 1, 3, 1, "smem", 1, 0, 0, 0, 256], "an L2 prefetch size")):
         with pytest.raises(ValueError, match=why):
             tile_knob(bad)
@@ -182,6 +190,43 @@ def _tensor_map_calls(func) -> list:
 
     return [[int(v) for v in m.split(", ")]
             for m in re.findall(r"T\.tensormap_encode_tiled\(\w+, \w+\.data, ([\d, ]+), descriptor", func.script())]
+
+
+def test_split_tail_covers_the_last_waves_k_steps_once():
+    """gemm_mn's split tail (wgmma_gemm._tail_pass): a rest of R tiles past the whole waves is split only when
+    0 < R <= half a wave, into S shares of at least a K step, R x S blocks at most a wave (the partial slots, the
+    helper blocks); the shares of a tile run its K steps once, in order; the knob's most shares is honoured."""
+    from wide_tvm.schedules.tile_gemm import TAIL_SHARES
+    from wide_tvm.schedules.wgmma_gemm import tail_share_steps, tail_shares
+
+    assert tail_shares(266, 132, 8, 64) == 8 and tail_shares(266, 132, 16, 64) == 16  # Q at 4096: R = 2
+    assert tail_shares(264, 132, 8, 64) == 1 and tail_shares(256, 132, 8, 64) == 1  # none past; R = 124 > 66
+    assert tail_shares(64, 132, 8, 64) == 2 and tail_shares(66, 132, 16, 2) == 2 and tail_shares(67, 132, 8, 64) == 1
+    for tiles, most, steps in itertools.product(range(1, 700), TAIL_SHARES, (1, 2, 3, 64)):
+        shares, rest = tail_shares(tiles, 132, most, steps), tiles % 132
+        assert 1 <= shares <= min(most, steps)
+        if shares == 1:
+            continue
+        assert 0 < rest <= 66 and rest * shares <= 132
+        runs = [tail_share_steps(s, shares, steps) for s in range(shares)]
+        assert all(n >= 1 for _, n in runs) and [k for k, _ in runs] == list(itertools.accumulate(
+            [0] + [n for _, n in runs[:-1]])) and sum(n for _, n in runs) == steps
+
+
+def test_split_tail_is_a_gemm_mn_knob_of_the_last_bucket():
+    """Only gemm_mn splits its tail wave (gemm_k's persistent grid has stream-K), and only the bucket past 512
+    tokens gets such candidates: below, the per-tile gemm_mn sorts its own tokens and never runs the split pass."""
+    from wide_tvm.bench.workloads import TAIL_VARIANTS
+    from wide_tvm.schedules import knob_space as ks
+
+    with pytest.raises(ValueError, match="only the wgmma gemm_mn splits its tail wave"):
+        check_wgmma_shape(128, 4096, tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8]))
+    check_wgmma_shape(512, 4096, tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8]), swiglu=False)
+    for kind, gs in (("gemm_mn_swiglu", 128), ("gemm_mn", 512), ("gemm_k", 128)):
+        variants = [ks.KnobTask(kind, 4096 // gs if kind == "gemm_mn" else 112, gs, 4096, "float16", "tc", "tile",
+                                bucket, wgmma=True).choices()["variant"] for bucket in range(3)]
+        assert not any(v in variants[0] + variants[1] for v in TAIL_VARIANTS)
+        assert all(v in variants[2] for v in TAIL_VARIANTS) == (kind != "gemm_k")
 
 
 @pytest.mark.parametrize("gs", [128, 32])

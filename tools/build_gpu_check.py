@@ -160,6 +160,14 @@ KERNELS = [
     ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 80, 1, 6, 1, 0, 0, 1, 256)),
     ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 48, 1, 8, 1, 0, 0, 1, 256)),
     ("gemm_mn_swiglu", 448, 32, 4096, "float16", "tc", None, ("wgmma", 32, 1, 8, 1, 0, 0, 1, 128)),
+    # ... gemm_mn's last wave split in K past 512 tokens (knob tail; check at --counts past 512, e.g. 513 700 1000
+    # 2049 4097): the picks' shapes, every thread copying, two K steps (at most 2 shares), one K step (never split)
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8)),
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 16)),
+    ("gemm_mn_swiglu", 448, 32, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 4)),
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 2)),
+    ("gemm_mn_swiglu", 4, 64, 128, "float16", "tc", None, ("wgmma", 128, 2, 4, 1, 0, 0, 0, 0, 16)),
+    ("gemm_mn_swiglu", 6, 32, 64, "float16", "tc", None, ("wgmma", 64, 4, 5, 1, 4, 0, 0, 0, 8)),
     # gemm_k on a persistent grid (whole waves, then the last wave's K steps shared out: stream-K): the Llama shapes,
     # small shapes with fewer K steps than blocks (empty shares), and a grid of 5 blocks, each walking many tiles
     ("gemm_k", 112, 128, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 0, 132)),

@@ -146,6 +146,12 @@ WGMMA_VARIANTS = (("wgmma", 128, 4, 4), ("wgmma", 128, 2, 4), ("wgmma", 128, 2, 
 # one block per SM (schedules/launch_bounds.py)
 STREAM_K_VARIANTS = (("wgmma", 128, 4, 4, 1, 0, 132), ("wgmma", 128, 2, 6, 1, 0, 132))
 WGMMA_VARIANTS += STREAM_K_VARIANTS
+# gemm_mn past 512 tokens with its last wave split in K when it would fill at most half the GPU (knob tail, the tenth
+# entry: most blocks a tile's K is split over): Q at 4096 tokens takes 123 us at 264 tiles (two waves of 132) and
+# 157 us at 266 on the H200 (docs/performance.md, 2026-12-03, third session); only for the bucket past 512 tokens
+TAIL_VARIANTS = (("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8), ("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 16),
+                 ("wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 8))
+WGMMA_VARIANTS += TAIL_VARIANTS
 TILE_BUCKETS = (128, 512)  # = schedules.tile_gemm.TILE_BUCKETS
 TILE_SWEEP_BUCKETS = tuple(f"tiles{b}" for b in TILE_BUCKETS) + ("tiles",)  # their names in a sweep's picks
 PREFILL_SWEEP_TOKENS = (65, 128, 256, 512, 1024, 4096)
@@ -181,10 +187,11 @@ def wgmma_fits(w: Workload, v: tuple) -> bool:
         nw = 2 if w.swiglu else 1
         bn = min(w.group_size, 64 * v[2] // nw)  # output channels per block (wgmma_gemm.wgmma_n)
         return (w.k % 64 == 0 and bn % 16 == 0 and w.group_size % bn == 0 and nw * bn % 64 == 0
-                and (len(v) < 7 or not v[6] or (v[4] == 1 and bool(v[5]))))  # a persistent grid: producer warps
+                and (len(v) < 7 or not v[6] or (v[4] == 1 and bool(v[5])))  # a persistent grid: producer warps
+                and (len(v) < 10 or not v[9] or (v[4] == 1 and not any(v[6:8]))))  # a split tail: per tile, unsplit
     whole = w.group_size % 64 == 0 or w.group_size == 32  # whole K steps, or two groups a step
     stream_k = len(v) > 6 and v[6]  # a persistent grid: every thread copies, K shared out by the grid itself
-    return (whole and w.n % (64 * v[2]) == 0 and not any(v[7:9])  # no swap or L2 prefetch
+    return (whole and w.n % (64 * v[2]) == 0 and not any(v[7:10])  # no swap, L2 prefetch or split tail
             and (not stream_k or (v[4] == 1 and not v[5])))
 
 
@@ -193,7 +200,8 @@ def tile_name(v: tuple) -> str:
     if v[0] == "wgmma":
         return (f"wg{v[1]}n{64 * v[2]}s{v[3]}" + (f"k{v[4]}" if len(v) > 4 and v[4] > 1 else "")
                 + (f"p{v[5]}" if len(v) > 5 and v[5] else "") + (f"x{v[6]}" if len(v) > 6 and v[6] else "")
-                + ("t" if len(v) > 7 and v[7] else "") + (f"l{v[8]}" if len(v) > 8 and v[8] else ""))
+                + ("t" if len(v) > 7 and v[7] else "") + (f"l{v[8]}" if len(v) > 8 and v[8] else "")
+                + (f"w{v[9]}" if len(v) > 9 and v[9] else ""))
     return "gemv64" if v == ("gemv",) else "t{}r{}s{}p{}".format(*v)
 
 

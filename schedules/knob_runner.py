@@ -19,12 +19,10 @@ from .knob_space import TILE_TOKENS, instantiate, knob_values, tag_task, task_of
 CHECK_TOKENS = 8  # output rows (tokens) the runner checks against NumPy after timing a candidate
 CHECK_TOLERANCE = 2e-2  # max |out - ref| / max |ref| a candidate may reach (fp16 kernels: ~3e-4)
 REORDER = "reorder"  # a candidate module's mask reorder, when a model runs one in front of the kernel
-# Each many-token bucket is timed at two counts, a candidate's time being the mean over both: a bucket's pick
-# serves every count in it. The bounded ones (TILE_TOKENS[:2]: <= 128, <= 512 tokens) also at half their top (gate/up
-# g32's pick timed at 128 tokens alone ran 88 us at 33-65 tokens where the runner-up ran 72-74); the last (timed at
-# 4096) also at 1024: at 4096 alone its picks missed gemm_k's stream-K at 1152-2560 tokens (11-30 % faster there),
-# and one mask draw decided whether a split tail wave showed at all (docs/performance.md)
-ALSO_TIMED = {top: top // 2 for top in TILE_TOKENS[:2]} | {TILE_TOKENS[2]: 1024}
+# The bounded many-token buckets (timed at TILE_TOKENS[:2]: <= 128, <= 512 tokens) are also timed at half their
+# top, a candidate's time being the mean over both: a bucket's pick serves every count in it, and gate/up g32's
+# pick timed at 128 tokens alone ran 88 us at 33-65 tokens where the runner-up ran 72-74 (docs/performance.md)
+ALSO_TIMED = {top: top // 2 for top in TILE_TOKENS[:2]}
 
 
 def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params=None) -> tvm.runtime.Module:

@@ -1,12 +1,11 @@
-"""Would splitting a tile bucket change its pick? The per-count times of the tile buckets' records.
+"""Would splitting a tile bucket change its pick? The per-count times of the bounded tile buckets' records.
 
     python tools/bucket_halves.py tuning_logs/cuda-sm90 [--records-of REV]
 
-The tuning runner times each candidate of a tile bucket at two counts (schedules/knob_runner.py, ALSO_TIMED: the
-<= 128 and <= 512 token buckets at their top and half of it, the last at 4096 and 1024) and ranks them by the mean.
-This prints, per such task, the pick (best mean), the best candidate at the top alone and the best at the smaller
-count ("half") alone, each with both times: where the three agree, a bucket split between them would pick the same
-kernel.
+The tuning runner times each candidate of the <= 128 and <= 512 token buckets at the bucket's top and at half of
+it (schedules/knob_runner.py, ALSO_TIMED) and ranks them by the mean. This prints, per such task, the pick (best
+mean), the best candidate at the top alone and the best at the half alone, each with both times: where the three
+agree, a bucket split at the half would pick the same kernel.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ def main() -> None:
                                        knobs.get("variant", knobs)))
     if not by_task:
         sys.exit(f"{args.folder}: no current records of a tile bucket timed at two token counts "
-                 f"({', '.join(f'{top} and {low}' for top, low in ALSO_TIMED.items())})")
+                 f"({', '.join(map(str, ALSO_TIMED))} and half of it)")
     for name, rows in sorted(by_task.items()):
         print(f"{name}: {len(rows)} current records")
         for label, key in (("pick (mean)", lambda r: r[0] + r[1]), ("best at top", lambda r: r[0]),

@@ -8,7 +8,8 @@ any kernel-code version, re-timed today, and each --variant (a tile task's `vari
 candidates; points already timed on today's code are skipped. The records are MetaSchedule's, timed by the runner
 wide-tune uses (schedules/knob_runner.py), so the database's picks compare them with every other record: for a
 runner change (the records it stamps stale elsewhere: re-stamp the rest, re-time these) or a new candidate, where a
-search would measure what is already known. Runs on the GPU host like tools/gpu_tune.sh (the same package layout).
+search would measure what is already known. Needs wide_tvm installed (pip install -e .), or on the GPU host the
+package layout tools/gpu_tune.sh makes (its scratch folder on PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import json
 import os
 import re
 import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
 def points_to_time(tasks: list, records: list, top: int, variants: list[tuple]) -> list[tuple]:

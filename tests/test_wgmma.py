@@ -505,6 +505,8 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
                     assert (through_ring, pairs) == (False, False), (name, v)
                 elif kn.ksplit > 1:
                     assert (through_ring, pairs, direct) == (False, True, False), (name, v)
+                elif kn.tail and pairs:  # the split pass (past 512 tokens): whole tiles, or a share's partials
+                    assert (through_ring, direct) == (True, False), (name, v)
                 else:
                     assert (through_ring, pairs, direct) == (True, False, False), (name, v)
                 kinds.add((bool(kn.swap or kn.persistent), kn.ksplit > 1))
@@ -514,6 +516,10 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
             zeros = [k for k in kernels if re.match(rf" void __launch_bounds__\(256\) {name}_kernel", k)
                      and k.split("{")[0].count("_ptr") == 2 and "mask_ptr" in k.split("{")[0] and ZERO in k]
             assert len(zeros) == (kn.ksplit == 1 and not kn.persistent), (name, v)
+            if kn.tail:  # ... and a split tail's: the shares' partials summed, then written to the tokens' rows
+                assert any("*(float2*)(ws_ptr" in b for b in bodies), (name, v)
+                assert any(re.match(rf" void __launch_bounds__\(256\) {name}_kernel", k) and "hdr_ptr" in k
+                           and "order_ptr" in k.split("{")[0] for k in kernels), (name, v)
     assert kinds == {(False, False), (False, True), (True, False), (True, True)}
     # ptxas keeps every kernel's wgmmas asynchronous (C7514: serialised, e.g. by accumulator reads it cannot
     # place after the K loop's last wait)

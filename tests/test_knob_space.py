@@ -548,3 +548,28 @@ def test_bucket_halves_tool_ranks_as_the_database_picks():
     for key, bucket, knobs, top, half in tasks:
         assert knobs == str(tuple(picks[key]["tiles"][int(bucket)])), (key, bucket)
         assert float(top) > float(half), (key, bucket)
+
+
+def test_measure_knobs_tool_picks_the_fastest_records_and_given_variants():
+    """tools/measure_knobs.py on the committed H200 database: per task its K fastest distinct records (any code
+    version) and each given variant the task has as a candidate, once; a variant outside the task's space (gemm_k's
+    stream-K for gemm_mn) is left out."""
+    import importlib.util
+    import sys
+
+    from wide_tvm.bench.workloads import STREAM_K_VARIANTS, TAIL_VARIANTS
+    from wide_tvm.knob_tuning import best_records, task_records
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    spec = importlib.util.spec_from_file_location("measure_knobs", os.path.join(root, "tools", "measure_knobs.py"))
+    tool = importlib.util.module_from_spec(spec)
+    sys.modules["measure_knobs"] = tool
+    spec.loader.exec_module(tool)
+    folder = os.path.join(root, "tuning_logs", "cuda-sm90")
+    q = ks.KnobTask("gemm_mn", 8, 512, 4096, "float16", "tc", "tile", 2, wgmma=True)
+    records = task_records(folder)
+    pick = best_records(folder, records)[q][1]
+    points = tool.points_to_time([q], records, 2, [TAIL_VARIANTS[0], STREAM_K_VARIANTS[0], TAIL_VARIANTS[0]])
+    assert [t for t, _ in points] == [q] * 3
+    values = [v for _, v in points]
+    assert values[0] == pick and values[1] != pick and values[2] == {"variant": TAIL_VARIANTS[0]}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 
@@ -58,19 +57,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="a tile `variant` to time where a task has it (repeatable)")
     args = p.parse_args(argv)
 
-    from tvm.s_tir import meta_schedule as ms
-
     from wide_tvm import kernel_knobs
-    from wide_tvm.knob_tuning import _runner, measure_points, measured_by_task, open_database, task_records
-    from wide_tvm.schedules.knob_runner import build_candidate
-    from wide_tvm.schedules.knob_space import decisions_of, kernel_tasks, knob_key, scheduled, task_of, template
-    from wide_tvm.targets import has_wgmma, parse_target
-    from wide_tvm.tune import _gpu_name, bench_kernels
+    from wide_tvm.knob_tuning import _builder, _runner, measure_points, measured_by_task, open_database, task_records
+    from wide_tvm.schedules.knob_space import decisions_of, knob_key, scheduled, task_of, template
+    from wide_tvm.targets import parse_target
+    from wide_tvm.tune import _gpu_name, bench_kernels, spec_tasks
 
     tgt = parse_target(args.target)
-    tasks = [t for s in bench_kernels(tgt.kind.name)
-             for t in kernel_tasks(s.kind, s.groups, s.group_size, s.dim, s.dtype, s.layout, tgt.kind.name,
-                                   has_wgmma(tgt)) if re.search(args.only, t.name)]
+    tasks = [t for t in spec_tasks(bench_kernels(tgt.kind.name), tgt) if re.search(args.only, t.name)]
     if not tasks:
         sys.exit(f"--only {args.only!r} matches no task")
     records = task_records(args.folder)
@@ -90,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     names = sorted({task_of(mod).name for mod, _ in points})
     run = kernel_knobs.record_run(args.folder, str(tgt), command, names,
                                   hardware=_gpu_name() if tgt.kind.name == "cuda" else None)
-    builder = ms.builder.LocalBuilder(f_build=build_candidate, max_workers=os.cpu_count(), timeout_sec=600)
-    measure_points(points, tgt, builder, _runner(tgt), open_database(args.folder))
+    measure_points(points, tgt, _builder(), _runner(tgt), open_database(args.folder))
     kernel_knobs.finish_run(args.folder, run, names)
     print(f"timed {len(points)} points into {args.folder}")
     return 0

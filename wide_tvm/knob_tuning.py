@@ -65,6 +65,12 @@ class ProgressCallback(ms.measure_callback.PyMeasureCallback):
         self.progress.advance(self.bars[task_id], len(runner_results))
 
 
+def _builder() -> ms.builder.LocalBuilder:
+    """MetaSchedule's builder for knob candidates: the real kernel of each (knob_runner.build_candidate), one build a
+    core."""
+    return ms.builder.LocalBuilder(f_build=build_candidate, max_workers=os.cpu_count(), timeout_sec=600)
+
+
 def _runner(target: tvm.target.Target) -> ms.runner.LocalRunner:
     cpu = target.kind.name == "llvm"  # CPU: 3 x 5 runs, caches flushed per repeat; GPU: 20 calls, L2 flushed each
     config = (ms.runner.EvaluatorConfig(number=3, repeat=5, min_repeat_ms=0, enable_cpu_cache_flush=True) if cpu
@@ -120,7 +126,7 @@ def tune_tasks(tasks: list[KnobTask], target: tvm.target.Target, out: str, trial
         todo.append((task, mod, want, done))
     if not todo:
         return []
-    builder = ms.builder.LocalBuilder(f_build=build_candidate, max_workers=os.cpu_count(), timeout_sec=600)
+    builder = _builder()
     runner = _runner(target)
     bars = [progress.add_task(task.name, total=want + sum(s[0] == task for s in seeds)) for task, _, want, _ in todo]
     if seeds:

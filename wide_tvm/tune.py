@@ -120,8 +120,7 @@ def tune(model: str | None, target: str, out: str, force: bool = False, sweep: l
     from rich.progress import Progress
 
     from .knob_tuning import WORKLOAD_FILE, tune_tasks
-    from .schedules.knob_space import kernel_tasks
-    from .targets import has_wgmma, parse_target
+    from .targets import parse_target
 
     tgt = parse_target(target)
     shown_out = os.path.relpath(out) if not os.path.relpath(out).startswith("..") else out
@@ -148,8 +147,7 @@ def tune(model: str | None, target: str, out: str, force: bool = False, sweep: l
                         "the GPU with `wide-bench run DIR --sweep --json sweep.json`, then `wide-tune --target "
                         "cuda --from-sweep sweep.json`")
     specs = bench_kernels(tgt.kind.name) if llama8b else model_kernels(model, target)
-    tasks = [t for s in specs for t in kernel_tasks(s.kind, s.groups, s.group_size, s.dim, s.dtype, s.layout,
-                                                     tgt.kind.name, has_wgmma(tgt))]
+    tasks = spec_tasks(specs, tgt)
     if not tasks:
         raise WideError(f"{model or 'the Llama-3.1-8B kernels'}: no gated kernels with knobs to tune for {target}")
     if only:
@@ -165,6 +163,15 @@ def tune(model: str | None, target: str, out: str, force: bool = False, sweep: l
         ran = tune_tasks(tasks, tgt, out, trials, force, progress)
     kernel_knobs.finish_run(out, run, ran)
     return os.path.join(out, WORKLOAD_FILE)
+
+
+def spec_tasks(specs: list[KernelSpec], tgt) -> list:
+    """The knob tasks (schedules/knob_space.py) of gated kernels for a target: per kernel, one per token bucket."""
+    from .schedules.knob_space import kernel_tasks
+    from .targets import has_wgmma
+
+    return [t for s in specs for t in kernel_tasks(s.kind, s.groups, s.group_size, s.dim, s.dtype, s.layout,
+                                                   tgt.kind.name, has_wgmma(tgt))]
 
 
 def _has_gpu() -> bool:

@@ -438,6 +438,7 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     ZU = BN // 8  # 16-byte output units per token row of the block
     KB, NST = knobs.ksplit, K // KSTEP  # blocks splitting K (blockIdx.y = column block x KB + split), K steps
     TAIL = bool(knobs.tail)  # past SORT_TOKENS the last wave's tiles split in K (_tail_pass)
+    GI = 3 if TAIL else 2  # a block's group, its active tokens (, the first K step of its share)
     WARPS = THREADS // 32
     SR = (SORT_TOKENS + THREADS - 1) // THREADS  # mask loads per thread when a block sorts its tokens
 
@@ -455,6 +456,10 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     def split_steps(by):
         """K steps of the block's split (all of them without a split)."""
         return NST if KB == 1 else NST * (by % KB + 1) // KB - NST * (by % KB) // KB
+
+    def k_step(bg, gi, step):
+        """K step of the block's `step`-th: from its split's first (with a split tail, gi[2]: its share's first)."""
+        return _plus(first_step(bg), step) + gi[2] if TAIL else _plus(first_step(bg), step)
 
     def chan0(gi, bg):
         """First output channel of this block."""
@@ -483,47 +488,36 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
         """Activation tile row of copier ct's copy c (clamped into the tile: a partial last copy copies nothing)."""
         return (c * COPIERS + ct) // 8 if FULL_A else T.min((c * COPIERS + ct) // 8, BT - 1)
 
-    def issue_of(share: bool):
-        """The K loop's `issue` (cp.async of one K step): a tile's steps from its split's first, or with `share`
-        (a split tail's share, _tail_pass) from gi[2], the share's first step."""
+    @T.macro
+    def copy_w(step, slot, xs, base, w, c, gi, bg, ct):
+        T.ptx[W_COPY](
+            _ring_ptr(xs, base, slot * STAGE + A_BYTES, c, COPIERS, ct),
+            w.ptr_to([w_row(c, ct, gi, bg) // ROWS, _tc_vector(w_row(c, ct, gi, bg),
+                                                                k_step(bg, gi, step) * 2 + ct % 8 // 4,
+                                                                ct % 8)]), 16, T.uint32(16))
 
-        def k_step(bg, gi, step):
-            """K step of the block's `step`-th."""
-            return _plus(first_step(bg), step) + gi[2] if share else _plus(first_step(bg), step)
+    @T.macro
+    def copy_x(step, slot, xs, base, x, trow, tsz, gi, bg, c, ct):
+        T.ptx["cp.async.cg.shared.global"](
+            _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
+            x.ptr_to([trow[c], k_step(bg, gi, step) * KSTEP + ct % 8 * 8]), 16, tsz[c])
 
-        @T.macro
-        def copy_w(step, slot, xs, base, w, c, gi, bg, ct):
-            T.ptx[W_COPY](
-                _ring_ptr(xs, base, slot * STAGE + A_BYTES, c, COPIERS, ct),
-                w.ptr_to([w_row(c, ct, gi, bg) // ROWS, _tc_vector(w_row(c, ct, gi, bg),
-                                                                    k_step(bg, gi, step) * 2 + ct % 8 // 4,
-                                                                    ct % 8)]), 16, T.uint32(16))
+    @T.macro
+    def issue(step, slot, nsteps, xs, base, x, wg, wu, trow, tsz, gi, bg, ct):
+        """Copier ct's copies of K step `step` into ring slot `slot` (ct: its index among the copiers)."""
+        if step < nsteps:
+            for c in T.unroll(CA):
+                if FULL_A:
+                    copy_x(step, slot, xs, base, x, trow, tsz, gi, bg, c, ct)
+                elif (c * COPIERS + ct) // 8 < BT:
+                    copy_x(step, slot, xs, base, x, trow, tsz, gi, bg, c, ct)
+            for c in T.unroll(CB):
+                if swiglu and w_up((c * COPIERS + ct) // 8):
+                    copy_w(step, slot, xs, base, wu, c, gi, bg, ct)
+                else:
+                    copy_w(step, slot, xs, base, wg, c, gi, bg, ct)
+        T.ptx["cp.async.commit_group"]()
 
-        @T.macro
-        def copy_x(step, slot, xs, base, x, trow, tsz, gi, bg, c, ct):
-            T.ptx["cp.async.cg.shared.global"](
-                _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
-                x.ptr_to([trow[c], k_step(bg, gi, step) * KSTEP + ct % 8 * 8]), 16, tsz[c])
-
-        @T.macro
-        def issue(step, slot, nsteps, xs, base, x, wg, wu, trow, tsz, gi, bg, ct):
-            """Copier ct's copies of K step `step` into ring slot `slot` (ct: its index among the copiers)."""
-            if step < nsteps:
-                for c in T.unroll(CA):
-                    if FULL_A:
-                        copy_x(step, slot, xs, base, x, trow, tsz, gi, bg, c, ct)
-                    elif (c * COPIERS + ct) // 8 < BT:
-                        copy_x(step, slot, xs, base, x, trow, tsz, gi, bg, c, ct)
-                for c in T.unroll(CB):
-                    if swiglu and w_up((c * COPIERS + ct) // 8):
-                        copy_w(step, slot, xs, base, wu, c, gi, bg, ct)
-                    else:
-                        copy_w(step, slot, xs, base, wg, c, gi, bg, ct)
-            T.ptx["cp.async.commit_group"]()
-
-        return issue
-
-    issue = issue_of(False)
     run = wgmma_mainloop(knobs, NB, issue)
 
     @T.macro
@@ -636,7 +630,9 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                     sl = T.decl_buffer((BT,), "int32", scope="shared")  # sorting: the tile's tokens
                     wcnt = T.decl_buffer((SR * WARPS,), "int32", scope="shared")  # sorting: active tokens a warp
                     for tid in T.thread_binding(THREADS, thread="threadIdx.x"):
-                        gi = T.decl_buffer((2,), "int32", scope="local")  # group, its active tokens
+                        gi = T.decl_buffer((GI,), "int32", scope="local")  # group, its active tokens
+                        if TAIL:
+                            gi[2] = 0  # (the K offset of a split tail's share: none here)
                         gi[0] = colblock(bg) // BPG
                         if sorts:
                             sort_tile(mask, gi, sl, wcnt, bt, tid, n)
@@ -677,9 +673,8 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
 
     sorted_pass, reading_pass = pass_of(True), pass_of(False)
     P = tail_blocks(knobs, NB)  # (the split tail's blocks a wave)
-    if TAIL:  # a whole tile runs the unchanged K loop, a share of one its own (offset by its first step)
-        tail_pass = _tail_pass(G, gs, K, knobs, NB, BN, ring, run, wgmma_mainloop(knobs, NB, issue_of(True)),
-                               copy_rows, staged_store, chan0)
+    if TAIL:
+        tail_pass = _tail_pass(G, gs, K, knobs, NB, BN, ring, run, copy_rows, staged_store, chan0)
 
     @T.macro
     def body(x, wg, wu, mask, counts, order, used, out, n):
@@ -731,7 +726,7 @@ def tail_blocks(knobs: TileKnobs, nb: int) -> int:
     return WAVE_SMS * max(1, SM_SHARED_BYTES // (ring_bytes(knobs, nb) + 2048))
 
 
-def _tail_pass(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: int, ring: Ring, run, run_share, copy_rows,
+def _tail_pass(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: int, ring: Ring, run, copy_rows,
                staged_store, chan0):
     """The per-tile gemm_mn past SORT_TOKENS (reading the reorder's order) with its last wave split in K (knob
     tail). With P blocks resident at once, the T existing tiles (numbered in launch order, _tile_numbering's) run
@@ -742,10 +737,9 @@ def _tail_pass(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: int, ring
     ws [R x S, BT, NB] (slot r S + s); a second launch (_sum_tail) sums them in share order (deterministic),
     applies SwiGLU and writes the rows. hdr (TAIL_HEADER ints, then per rest tile its group, token tile and block
     group) tells it what. A tile block finds T and its number with warp_tiles (no barrier before its K loop); a
-    helper that has a share decodes its tile from a block scan (tile_prefix). A whole tile runs the unsplit pass's
-    K loop (`run`: all K steps, a constant count), a share its own (`run_share`: its steps from gi[2]). What the
-    split saves and costs on the H200: docs/performance.md (Q at 513-768 / 2048 tokens 18-29 %, 16 % past a
-    264-tile cliff at 4096)."""
+    helper that has a share decodes its tile from a block scan (tile_prefix). Where nothing is split the pass
+    costs 2-4 % against the unsplit one on the H200 (its K loop's step count is a run-time value; the split
+    saves 18-29 % on Q at 513-768 / 2048 tokens and 16 % past a 264-tile cliff at 4096)."""
     BT, NST, TAIL = knobs.tokens, K // KSTEP, knobs.tail
     THREADS, CA = ring.threads, (BT * 8 + ring.copiers - 1) // ring.copiers
     BPG = gs // BN
@@ -797,9 +791,8 @@ def _tail_pass(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: int, ring
                     gi[1] = T.Select(bg < G * BPG, T.min(counts[gi[0]], nn(n)), 0)
                     gi[2] = 0
                     sp[4] = 0
-                    # every block counts (its loads in flight with its group's count above, not behind them)
-                    warp_tiles(counts, wt, tid % 32, T.Select(bg < G * BPG, gi[0], 0), n)
                     if bt * BT < gi[1] or bg >= G * BPG or bt + bg == 0:  # (block-uniform: tile_prefix's barriers)
+                        warp_tiles(counts, wt, tid % 32, T.Select(bg < G * BPG, gi[0], 0), n)
                         sp[5] = wt[0] // P * P
                         sp[0] = tail_shares(wt[0], P, TAIL, NST)
                         if bt + bg == 0 and tid == 0:
@@ -838,14 +831,11 @@ def _tail_pass(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: int, ring
                         tsz = T.decl_buffer((CA,), "uint32", scope="local")
                         if tid >= ring.copier0:
                             copy_rows(trow, tsz, order, gi, sp[2], tid - ring.copier0)
-                        if sp[1] < 0:  # a whole tile: the unsplit pass's K loop (all NST steps from the first)
-                            run(xs, base, desc, acc, NST, tid, x, wg, wu, trow, tsz, gi, sp[3], tid - ring.copier0)
+                        run(xs, base, desc, acc, sp[4], tid, x, wg, wu, trow, tsz, gi, sp[3], tid - ring.copier0)
+                        if sp[1] < 0:
                             staged_store(xs, base, acc, tid, out, sp[2] * BT, chan0(gi, sp[3]), gi[1], order, gi,
                                          sp[2])
-                        else:
-                            run_share(xs, base, desc, acc, sp[4], tid, x, wg, wu, trow, tsz, gi, sp[3],
-                                      tid - ring.copier0)
-                        if sp[1] >= 0 and tid < ring.consumers:  # a share's fp32 partial, 8 bytes a store
+                        elif tid < ring.consumers:  # a share's fp32 partial, 8 bytes a store
                             for j in T.unroll(NB // 8):
                                 for h in T.unroll(2):
                                     if sp[2] * BT + _acc_row(tid, 2 * h) < gi[1]:

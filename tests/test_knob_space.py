@@ -517,10 +517,10 @@ def test_runner_times_a_candidate_with_its_mask_reorder():
 
 
 def test_tile_buckets_are_timed_below_their_top_too():
-    """A candidate of the <= 128 / <= 512-token buckets is timed at 64 / 256 tokens as well (argument sets at both
-    counts; its time is the mean), since its pick serves the whole bucket; the top bucket at one count."""
+    """A candidate of the <= 128 / <= 512 / more-token buckets is timed at 64 / 256 / 2048 tokens as well (argument
+    sets at both counts; its time is the mean), since its pick serves the whole bucket."""
     for kind, bucket, counts in (("gemm_mn_swiglu", 0, [128, 64]), ("gemm_mn", 1, [512, 256]),
-                                 ("gemm_mn", 2, [4096]), ("gemm_k", 0, [128, 64]), ("gemm_k", 2, [4096])):
+                                 ("gemm_mn", 2, [4096, 2048]), ("gemm_k", 0, [128, 64]), ("gemm_k", 2, [4096, 2048])):
         task = ks.KnobTask(kind, 4, 64, 128, "float16", "tc", "tile", bucket, wgmma=True)
         sets = kr.alloc_args(tvm.cpu(), _args_info(ks.template(task)), 1)
         assert [s[0].shape[0] for s in sets] == counts  # x [tokens, K]

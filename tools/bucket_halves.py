@@ -1,11 +1,11 @@
-"""Would splitting a tile bucket change its pick? The per-count times of the bounded tile buckets' records.
+"""Would splitting a tile bucket change its pick? The per-count times of the tile buckets' records.
 
     python tools/bucket_halves.py tuning_logs/cuda-sm90 [--records-of REV]
 
-The tuning runner times each candidate of the <= 128 and <= 512 token buckets at the bucket's top and at half of
-it (schedules/knob_runner.py, ALSO_TIMED) and ranks them by the mean. This prints, per such task, the pick (best
-mean), the best candidate at the top alone and the best at the half alone, each with both times: where the three
-agree, a bucket split at the half would pick the same kernel.
+The tuning runner times each candidate of the <= 128, <= 512 and more-token buckets at the bucket's timed count
+(128, 512, 4096: its "top") and at half of it (schedules/knob_runner.py, ALSO_TIMED) and ranks them by the mean.
+This prints, per such task, the pick (best mean), the best candidate at the top alone and the best at the half
+alone, each with both times: where the three agree, a bucket split at the half would pick the same kernel.
 """
 
 from __future__ import annotations

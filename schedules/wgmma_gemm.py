@@ -738,8 +738,10 @@ def _tail_pass(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: int, ring
     applies SwiGLU and writes the rows. hdr (TAIL_HEADER ints, then per rest tile its group, token tile and block
     group) tells it what. A tile block finds T and its number with warp_tiles (no barrier before its K loop); a
     helper that has a share decodes its tile from a block scan (tile_prefix). Where nothing is split the pass
-    costs 2-4 % against the unsplit one on the H200 (its K loop's step count is a run-time value; the split
-    saves 18-29 % on Q at 513-768 / 2048 tokens and 16 % past a 264-tile cliff at 4096)."""
+    costs 2-4 % against the unsplit one on the H200, not for its run-time K step count (a second K loop with a
+    constant count for whole tiles left Q as it was and, with more registers, cost gate/up g32 20 %) nor for the
+    tile count in front of it (counting before the tile check: the same); the split saves 18-29 % on Q at 513-768
+    / 2048 tokens and 16 % past a 264-tile cliff at 4096 (docs/performance.md)."""
     BT, NST, TAIL = knobs.tokens, K // KSTEP, knobs.tail
     THREADS, CA = ring.threads, (BT * 8 + ring.copiers - 1) // ring.copiers
     BPG = gs // BN

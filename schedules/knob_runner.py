@@ -19,12 +19,12 @@ from .knob_space import TILE_TOKENS, instantiate, knob_values, tag_task, task_of
 CHECK_TOKENS = 8  # output rows (tokens) the runner checks against NumPy after timing a candidate
 CHECK_TOLERANCE = 2e-2  # max |out - ref| / max |ref| a candidate may reach (fp16 kernels: ~3e-4)
 REORDER = "reorder"  # a candidate module's mask reorder, when a model runs one in front of the kernel
-# Each many-token bucket (timed at TILE_TOKENS: <= 128, <= 512 tokens, and more at 4096) is also timed at half its
-# count, a candidate's time being the mean over both: a bucket's pick serves every count in it. gate/up g32's pick
-# timed at 128 tokens alone ran 88 us at 33-65 tokens where the runner-up ran 72-74; past 512 tokens a single
-# 4096-token draw decides whether the last wave is nearly full (Q: 264 tiles, 2 waves) and hides what a split tail
-# (knob tail) saves at other counts (docs/performance.md)
-ALSO_TIMED = {top: top // 2 for top in TILE_TOKENS}
+# Each many-token bucket (timed at TILE_TOKENS: <= 128, <= 512 tokens, and more at 4096) is also timed at smaller
+# counts in it, a candidate's time being the mean over all: a bucket's pick serves every count in it. gate/up g32's
+# pick timed at 128 tokens alone ran 88 us at 33-65 tokens where the runner-up ran 72-74; past 512 tokens the
+# candidates differ in how they fill the last wave (split tail, stream-K), which one draw at one count decides by
+# its luck (Q at 4096: 264 tiles, two full waves), so that bucket is timed at four (docs/performance.md)
+ALSO_TIMED = {128: (64,), 512: (256,), 4096: (2048, 1536, 1024)}
 
 
 def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params=None) -> tvm.runtime.Module:
@@ -52,7 +52,7 @@ def alloc_args(device, args_info, alloc_repeat: int) -> list:
     """MetaSchedule runner allocator: random activations and weights, and a 50 % random mask with its reorder
     (counts, order, used) instead of random integers, which would index out of bounds. Seeded, and cached per
     signature, so every candidate of a task is timed on the same inputs. Tasks at a count of ALSO_TIMED get
-    argument sets at that count too (the kernels take any token count). Each argument set's expected output
+    argument sets at its smaller counts too (the kernels take any token count). Each argument set's expected output
     rows (CHECK_TOKENS tokens, NumPy) are kept for run_evaluator's check."""
     from ..kernel_reference import make_mask, ref_mask_reorder
 
@@ -66,7 +66,7 @@ def alloc_args(device, args_info, alloc_repeat: int) -> list:
     (n, k), dtype = ((shapes[-2][1], shapes[0][1]), dtypes[0])
     rng = np.random.default_rng(0)
     repeated = []
-    counts = (tokens, ALSO_TIMED[tokens]) if tokens in ALSO_TIMED else (tokens,)
+    counts = (tokens, *ALSO_TIMED.get(tokens, ()))
     for m in [m for m in counts for _ in range(alloc_repeat)]:
         mask = make_mask("random", m, groups, rng, 0.5)
         x = (rng.random((m, k), dtype=np.float32) - 0.5).astype(dtype)

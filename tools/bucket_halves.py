@@ -1,11 +1,11 @@
-"""Would splitting a tile bucket change its pick? The per-count times of the tile buckets' records.
+"""Would timing a tile bucket at one count change its pick? The per-count times of the tile buckets' records.
 
     python tools/bucket_halves.py tuning_logs/cuda-sm90 [--records-of REV]
 
 The tuning runner times each candidate of the <= 128, <= 512 and more-token buckets at the bucket's timed count
-(128, 512, 4096: its "top") and at half of it (schedules/knob_runner.py, ALSO_TIMED) and ranks them by the mean.
-This prints, per such task, the pick (best mean), the best candidate at the top alone and the best at the half
-alone, each with both times: where the three agree, a bucket split at the half would pick the same kernel.
+(128, 512, 4096) and at smaller counts in it (schedules/knob_runner.py, ALSO_TIMED: 64; 256; 2048, 1536, 1024) and
+ranks them by the mean. This prints, per such task, the pick (best mean) and the best candidate at each count alone,
+each with its time at every count: where they agree, a bucket split at those counts would pick the same kernel.
 """
 
 from __future__ import annotations
@@ -34,19 +34,21 @@ def main() -> None:
             secs = timed_seconds(rec)
             if task.space != "tile" or task.tokens not in ALSO_TIMED or not is_current(rec.workload.mod) or not secs:
                 continue
-            half = len(secs) // 2  # the top's repeats first, then the half's (knob_runner.alloc_args)
+            counts = (task.tokens, *ALSO_TIMED[task.tokens])  # each count's repeats in turn (knob_runner.alloc_args)
+            each = len(secs) // len(counts)
             knobs = knob_values(replayed(rec.workload.mod, rec.trace))
-            by_task[task.name].append((sum(secs[:half]) / half * 1e6, sum(secs[half:]) / half * 1e6,
-                                       knobs.get("variant", knobs)))
+            by_task[task.name].append(([sum(secs[i * each:(i + 1) * each]) / each * 1e6 for i in range(len(counts))],
+                                       counts, knobs.get("variant", knobs)))
     if not by_task:
-        sys.exit(f"{args.folder}: no current records of a tile bucket timed at two token counts "
-                 f"({', '.join(map(str, ALSO_TIMED))} and half of it)")
+        sys.exit(f"{args.folder}: no current records of a tile bucket timed at several token counts "
+                 f"({', '.join(map(str, ALSO_TIMED))} and smaller ones)")
     for name, rows in sorted(by_task.items()):
         print(f"{name}: {len(rows)} current records")
-        for label, key in (("pick (mean)", lambda r: r[0] + r[1]), ("best at top", lambda r: r[0]),
-                           ("best at half", lambda r: r[1])):
-            top, half, knobs = min(rows, key=key)
-            print(f"  {label:12s} {str(knobs):40s} top {top:7.1f} us  half {half:7.1f} us")
+        counts = rows[0][1]
+        for label, key in [("pick (mean)", lambda r: sum(r[0]))] + [
+                (f"best at {m}", lambda r, i=i: r[0][i]) for i, m in enumerate(counts)]:
+            times, _, knobs = min(rows, key=key)
+            print(f"  {label:14s} {str(knobs):40s} " + "  ".join(f"{m}: {t:7.1f} us" for m, t in zip(counts, times)))
 
 
 if __name__ == "__main__":

@@ -462,11 +462,28 @@ def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path, monkeypat
     monkeypatch.delenv("WIDE_RESTAMP_SET")
     first_secs = float(task_records(folder)[0][1].run_secs[0])
     report = tmp_path / "report.json"
-    report.write_text(json.dumps({"same": [0]}))
+    report.write_text(json.dumps({"same": [0]}))  # a report of before record keys: refused, nothing written
+    refused = subprocess.run([sys.executable, path, folder, "--from-report", str(report), "--write"],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and "without record keys" in refused.stderr
+    assert not any(ks.is_current(rec.workload.mod) for _, rec in task_records(folder))
+    key = restamp.record_key(task_records(folder)[0][1])
+    report.write_text(json.dumps({"same": [0], "keys": {"0": key}}))
+    db = open_database(folder)  # a record appended after the report: the report still names the record it found
+    sch = ks.scheduled(task, {"bm": 2, "bn": 2}, stale)
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(stale), [7e-6] * 3,
+                                                     parse_target("llvm"),
+                                                     ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])))
+    del db
     subprocess.run([sys.executable, path, folder, "--from-report", str(report), "--write"], check=True,
                    capture_output=True)
-    current = [ks.is_current(rec.workload.mod) for _, rec in task_records(folder)]
-    assert current == [True, False]
+    current = [float(rec.run_secs[0]) for _, rec in task_records(folder) if ks.is_current(rec.workload.mod)]
+    assert len(task_records(folder)) == 3 and current == [pytest.approx(first_secs)]
+    other_folder = str(tmp_path / "other")  # a report of another database: refused
+    open_database(other_folder)
+    refused = subprocess.run([sys.executable, path, other_folder, "--from-report", str(report)], capture_output=True,
+                             text=True)
+    assert refused.returncode == 2 and "1 records of the report are not in" in refused.stderr
     (secs, _), = best_records(folder).values()
     assert secs == pytest.approx(first_secs)  # the re-stamped record is applied; the other stays stale
     pkg = restamp.package_at("HEAD", str(tmp_path / "pkg"))

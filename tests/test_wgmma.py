@@ -184,6 +184,47 @@ def test_stream_k_shares_every_tiles_steps_out_once():
             assert edges[0] == 0 and edges[-1] == ks and all(a == b for a, b in zip(edges[1:-1:2], edges[2:-1:2]))
 
 
+def test_stream_k_splits_a_rest_of_more_than_half_a_wave_in_aligned_parts():
+    """A rest of R > P / 2 tiles (wgmma_gemm.stream_k_parts): s aligned parts a tile where that takes fewer waves of
+    a segment's time than whole tiles and each part keeps STREAM_K_PART_STEPS K steps (down's 224 steps, R = 80: 3
+    parts, 2 / 3 of a tile; O's 64 steps: never), at most STREAM_K_SLOTS partial slots a block; block b's segments b,
+    b + P, ... (stream_k_segment) run every rest tile's K steps once, a tile's parts in order, each segment in its own
+    slot. The int and PrimExpr forms agree."""
+    import tvm.sym
+    from tvm import tirx
+
+    from wide_tvm.schedules.wgmma_gemm import (STREAM_K_PART_STEPS, STREAM_K_SLOTS, stream_k_parts,
+                                               stream_k_segment)
+
+    rests = (1, 66, 67, 80, 88, 89, 96, 99, 100, 131)
+    assert [stream_k_parts(r, 132, 224) for r in rests] == [1, 1, 3, 3, 3, 1, 1, 1, 1, 1]
+    assert {stream_k_parts(r, 132, 64) for r in range(132)} == {1}
+    n = tirx.Var("n", "int32")
+    for ks in (64, 224):
+        expr = stream_k_parts(n, 132, ks)
+        for r in range(132):
+            analyzer = tvm.sym.Analyzer()
+            analyzer.bind(n, r)
+            assert int(analyzer.simplify(expr)) == stream_k_parts(r, 132, ks)
+    for blocks, ks in itertools.product((3, 5, 132), (1, 7, 64, 192, 224)):
+        for rest in range(1, blocks):
+            parts = stream_k_parts(rest, blocks, ks)
+            if parts == 1:
+                continue
+            assert 2 * rest > blocks and parts * rest <= STREAM_K_SLOTS * blocks and ks // parts >= STREAM_K_PART_STEPS
+            assert (parts * rest + blocks - 1) // blocks < parts  # fewer segment waves than whole tiles' one x parts
+            covered = {}
+            for b in range(blocks):
+                for j in range(b, parts * rest, blocks):
+                    r, lo, hi = stream_k_segment(j, rest, parts, ks)
+                    covered.setdefault(r, []).append((lo, hi, j))
+            for r in range(rest):
+                runs = sorted(covered[r])
+                assert [j for _, _, j in runs] == [p * rest + r for p in range(parts)]  # the sum's order, its slots
+                edges = [e for lo, hi, _ in runs for e in (lo, hi)]
+                assert edges[0] == 0 and edges[-1] == ks and edges[1:-1:2] == edges[2:-1:2]
+
+
 def _tensor_map_calls(func) -> list:
     """The tensormap_encode_tiled calls of a PrimFunc, as lists of their int arguments after the two pointers."""
     import re

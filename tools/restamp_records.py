@@ -18,11 +18,13 @@ kernel is the same TIR gets today's stamp; the others stay stale (wide-compile i
 `--set MODULE.NAME=VALUE` builds today's kernels with a constant of a kernel module (wide_tvm.schedules.MODULE) set
 to VALUE (JSON): for a change that only moves a token bound between kernels, set to the value before it, so that a
 record is re-stamped if the change is the bound alone. That is only sound where no record was timed at a count
-that crosses the bound (the bound's comment says which). Building every record twice takes a while (31 minutes for
-471 CUDA records on this 2-core machine; 670 decode records about an hour, beside other builds), hence `--report` /
-`--from-report` (which takes the reports of several `--only` parts), and `--jobs N` with `--since-package` for a
-machine with more cores: all 1126 current CUDA records took 12.8 minutes on the H200 host's 16 cores with `--jobs
-8`, in three parts.
+that crosses the bound (the bound's comment says which); likewise for a new kernel path that a constant switches
+off (wgmma_gemm.STREAM_K_PARTS=1) where no record's timed counts take it. Building every record twice takes a
+while (31 minutes for 471 CUDA records on this 2-core machine; 670 decode records about an hour, beside other
+builds), hence `--report` / `--from-report` (which takes the reports of several `--only` parts; a report names its
+records by a key of their workload and JSON, so records appended to the database after it do not move its stamps
+onto others), and `--jobs N` with `--since-package` for a machine with more cores: all 1126 current CUDA records
+took 12.8 minutes on the H200 host's 16 cores with `--jobs 8`, in three parts.
 """
 
 from __future__ import annotations
@@ -183,6 +185,17 @@ def compare(folder: str, since: str, jobs: int = 1, since_package: str | None = 
     return same, {i: v for i, v in lists.items() if int(i) in same}
 
 
+def record_key(rec) -> str:
+    """A record's identity that survives records being added to the database (its index in task_records' order
+    does not: appended records can re-order it): its workload's structural hash and its JSON (trace, run times)."""
+    import hashlib
+
+    import tvm_ffi
+
+    body = f"{tvm_ffi.structural_hash(rec.workload.mod)}|{rec.as_json()}"
+    return hashlib.sha1(body.encode()).hexdigest()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folder")
@@ -211,30 +224,40 @@ def main() -> int:
     from wide_tvm.knob_tuning import rewrite_database, task_records
     from wide_tvm.schedules.code_version import code_version
 
+    records = task_records(args.folder)
+    keys = [record_key(rec) for _, rec in records]
     if args.from_report:
-        same, lists = set(), {}
+        same, lists = set(), {}  # record keys; candidate lists by key
         for path in args.from_report:  # reports of parts (--only) of one database, e.g. run on several machines
             with open(path) as f:
                 report = json.load(f)
-            same |= set(report["same"])
-            lists |= report.get("lists", {})
+            if "keys" not in report:
+                p.error(f"{path}: a report without record keys (written before they existed): run --report again")
+            same |= {report["keys"][str(i)] for i in report["same"]}
+            lists |= {report["keys"][i]: v for i, v in report.get("lists", {}).items()}
+        missing = same - set(keys)
+        if missing:
+            p.error(f"{len(missing)} records of the report are not in {args.folder} (another database, or changed "
+                    "since the report was written)")
     else:
-        same, lists = compare(args.folder, args.since, args.jobs, args.since_package)
+        found, found_lists = compare(args.folder, args.since, args.jobs, args.since_package)
+        same, lists = {keys[i] for i in found}, {keys[int(i)]: v for i, v in found_lists.items()}
         if args.report:
             with open(args.report, "w") as f:
-                json.dump({"folder": args.folder, "since": args.since, "same": sorted(same), "lists": lists}, f)
+                json.dump({"folder": args.folder, "since": args.since, "same": sorted(found), "lists": found_lists,
+                           "keys": {str(i): keys[i] for i in sorted(found)}}, f)
     if not args.write:
         return 0
-    records = []
-    for i, (task, rec) in enumerate(task_records(args.folder)):
+    rewritten = []
+    for key, (task, rec) in zip(keys, records):
         mod = rec.workload.mod
-        if i in same:
+        if key in same:
             func = mod["main"].with_attr("wide.code", code_version(task.space))
-            if str(i) in lists:  # the lists its decisions index, from the code that stamped it
-                func = func.with_attr("wide.choices", lists[str(i)])
+            if key in lists:  # the lists its decisions index, from the code that stamped it
+                func = func.with_attr("wide.choices", lists[key])
             mod = tvm.IRModule({"main": func})
-        records.append((mod, rec))
-    rewrite_database(args.folder, records)
+        rewritten.append((mod, rec))
+    rewrite_database(args.folder, rewritten)
     print(f"rewrote {args.folder}: {len(same)} records re-stamped")
     return 0
 

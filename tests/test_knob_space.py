@@ -426,7 +426,7 @@ def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path, monkeypat
     import subprocess
     import sys
 
-    from wide_tvm.knob_tuning import best_records, task_records
+    from wide_tvm.knob_tuning import best_records, record_key, task_records
 
     restamp = _restamp_tool()
     path = restamp.__file__
@@ -467,7 +467,7 @@ def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path, monkeypat
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "without record keys" in refused.stderr
     assert not any(ks.is_current(rec.workload.mod) for _, rec in task_records(folder))
-    key = restamp.record_key(task_records(folder)[0][1])
+    key = record_key(task_records(folder)[0][1])
     report.write_text(json.dumps({"same": [0], "keys": {"0": key}}))
     db = open_database(folder)  # a record appended after the report: the report still names the record it found
     sch = ks.scheduled(task, {"bm": 2, "bn": 2}, stale)
@@ -593,3 +593,44 @@ def test_measure_knobs_tool_picks_the_fastest_records_and_given_variants():
     assert [t for t, _ in points] == [q] * 3
     values = [v for _, v in points]
     assert values[0] == pick and values[1] != pick and values[2] == {"variant": TAIL_VARIANTS[2]}
+
+
+def test_db_records_carries_a_subset_and_merges_back_only_new_records(tmp_path):
+    """tools/db_records.py: the records of the tasks --only names go to a new folder (twice: nothing more), and a
+    folder that comes back with one record measured there adds exactly that record to a copy of the source."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from wide_tvm.knob_tuning import task_records
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    tool = os.path.join(root, "tools", "db_records.py")
+    src = str(tmp_path / "src")
+    shutil.copytree(os.path.join(root, "tuning_logs", "llvm"), src)
+    records = task_records(src)
+    name = sorted({task.name for task, _ in records})[0]
+    mine = [rec for task, rec in records if task.name == name]
+    assert 0 < len(mine) < len(records)
+    sub = str(tmp_path / "sub")
+
+    def run(*args):
+        res = subprocess.run([sys.executable, tool, *args], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr[-2000:]
+        return res.stdout
+
+    assert f"{len(mine)} records added, 0 already there" in run(src, sub, "--only", f"^{re.escape(name)}$")
+    assert f"0 records added, {len(mine)} already there" in run(src, sub, "--only", f"^{re.escape(name)}$")
+    assert {task.name for task, _ in task_records(sub)} == {name}
+    db = open_database(sub)  # a record measured on the other machine: the same candidate, other run times
+    rec = mine[0]
+    db.commit_tuning_record(ms.database.TuningRecord(rec.trace, db.commit_workload(rec.workload.mod), [1e-6] * 3,
+                                                     rec.target, rec.args_info))
+    del db
+    assert f"1 records added, {len(mine)} already there" in run(sub, src)
+    assert len(task_records(src)) == len(records) + 1
+    refused = subprocess.run([sys.executable, tool, str(tmp_path / "none"), sub], capture_output=True, text=True)
+    assert refused.returncode == 2 and "no tuning database" in refused.stderr

@@ -185,17 +185,6 @@ def compare(folder: str, since: str, jobs: int = 1, since_package: str | None = 
     return same, {i: v for i, v in lists.items() if int(i) in same}
 
 
-def record_key(rec) -> str:
-    """A record's identity that survives records being added to the database (its index in task_records' order
-    does not: appended records can re-order it): its workload's structural hash and its JSON (trace, run times)."""
-    import hashlib
-
-    import tvm_ffi
-
-    body = f"{tvm_ffi.structural_hash(rec.workload.mod)}|{rec.as_json()}"
-    return hashlib.sha1(body.encode()).hexdigest()
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folder")
@@ -221,7 +210,7 @@ def main() -> int:
         p.error("give --since REV (build and compare) or --from-report FILE")
     import tvm
 
-    from wide_tvm.knob_tuning import rewrite_database, task_records
+    from wide_tvm.knob_tuning import record_key, rewrite_database, task_records
     from wide_tvm.schedules.code_version import code_version
 
     records = task_records(args.folder)

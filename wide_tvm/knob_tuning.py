@@ -8,14 +8,17 @@ starts from the records already there, and a task with `trials` records (or its 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import tempfile
 import warnings
 
 import numpy as np
 
 import tvm
+import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
@@ -200,6 +203,33 @@ def task_records(folder: str) -> list:
     if not os.path.exists(os.path.join(folder, RECORD_FILE)):
         return []
     return _task_records(open_database(folder))
+
+
+def record_key(rec) -> str:
+    """A record's identity that survives records being added to the database (its index in task_records' order
+    does not: appended records can re-order it): its workload's structural hash and its JSON (trace, run times)."""
+    body = f"{tvm_ffi.structural_hash(rec.workload.mod)}|{rec.as_json()}"
+    return hashlib.sha1(body.encode()).hexdigest()
+
+
+def copy_records(src: str, dst: str, only: str = "") -> tuple[int, int]:
+    """Append SRC's knob records (those of the tasks whose name `only` finds) to DST's database, creating it;
+    records DST already holds (record_key) are skipped. Returns (added, skipped)."""
+    db = open_database(dst)
+    have = {record_key(rec) for _, rec in _task_records(db)}
+    added = skipped = 0
+    for task, rec in task_records(src):
+        if not re.search(only, task.name):
+            continue
+        key = record_key(rec)
+        if key in have:
+            skipped += 1
+            continue
+        db.commit_tuning_record(ms.database.TuningRecord(rec.trace, db.commit_workload(rec.workload.mod),
+                                                         rec.run_secs, rec.target, rec.args_info))
+        have.add(key)
+        added += 1
+    return added, skipped
 
 
 def _task_records(db: ms.database.Database) -> list:

@@ -3,13 +3,15 @@
 Either the records of the tasks a regex names into another folder, or every record of one folder into another.
 
 The device tool carries the whole working tree and the full TVM bundle (~61 MB) in 64 MiB, which leaves no room for
-the committed CUDA database (~10 MB) or the docs: to tune on the GPU host, carry a subset of the database (and the
-package alone, e.g. from a folder outside git laid out as tools/gpu_tune.sh does), tune into it there with --force,
-and merge the folder that comes back into the committed database here:
+the committed CUDA database (~10 MB) or the docs: to tune on the GPU host, copy the tasks to tune into a subset folder
+(git-ignored, carried), move docs/, tests/ and tuning_logs/ out of the working tree for that one call (and back right
+after), tune into the subset there with --force, and merge the folder that comes back into the committed database:
 
-    python tools/db_records.py tuning_logs/cuda-sm90 SUBSET --only 'gemm_mn/g8x512/d4096/float16/decode0$'
-    # ... on the GPU host: tools/gpu_tune.sh --llama8b --target cuda --only '...' --force --out "$OUT/..." ...
-    python tools/db_records.py RETURNED tuning_logs/cuda-sm90
+    python tools/db_records.py tuning_logs/cuda-sm90 .exp/sub --only 'gemm_mn/g8x512/d4096/float16/decode0$'
+    # the call, carrying .gpu (the full bundle) and .exp/sub:
+    #   . .gpu/env.sh && mkdir -p $OUT/sub && cp .exp/sub/* $OUT/sub/ && tools/gpu_tune.sh --llama8b --target cuda \
+    #       --only '...' --force --trials N --out $OUT/sub
+    python tools/db_records.py RETURNED_SUB tuning_logs/cuda-sm90
 
 A record is the same when its workload and its JSON (trace, run times, target) are (knob_tuning.record_key), so the
 returned folder, which started as the subset, adds only the records measured there.

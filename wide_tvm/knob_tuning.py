@@ -225,11 +225,16 @@ def copy_records(src: str, dst: str, only: str = "") -> tuple[int, int]:
         if key in have:
             skipped += 1
             continue
-        db.commit_tuning_record(ms.database.TuningRecord(rec.trace, db.commit_workload(rec.workload.mod),
-                                                         rec.run_secs, rec.target, rec.args_info))
+        _commit(db, rec.workload.mod, rec)
         have.add(key)
         added += 1
     return added, skipped
+
+
+def _commit(db: ms.database.Database, mod: tvm.IRModule, rec) -> None:
+    """Commit a copy of tuning record `rec` to `db` under workload module `mod` (its own, or a re-stamped one)."""
+    db.commit_tuning_record(ms.database.TuningRecord(rec.trace, db.commit_workload(mod), rec.run_secs, rec.target,
+                                                     rec.args_info))
 
 
 def _task_records(db: ms.database.Database) -> list:
@@ -334,8 +339,7 @@ def rewrite_database(folder: str, records: list) -> None:
     with tempfile.TemporaryDirectory(prefix="wide-rewrite-", dir=folder) as tmp:
         fresh = open_database(tmp)
         for mod, rec in records:
-            fresh.commit_tuning_record(ms.database.TuningRecord(rec.trace, fresh.commit_workload(mod),
-                                                                rec.run_secs, rec.target, rec.args_info))
+            _commit(fresh, mod, rec)
         del fresh
         for name in (WORKLOAD_FILE, RECORD_FILE):
             os.replace(os.path.join(tmp, name), os.path.join(folder, name))

@@ -5,19 +5,11 @@ which SMs they land on) follows the set.
 
     python3 THIS BUILD_DIR OUT_JSON      (on the GPU host, PYTHONPATH=the source tree)"""
 import json, sys
-import numpy as np, torch, tvm
-sys.path.insert(0, '.')
-from wide_tvm.runtime import _ensure_cuda_runtime
-from wide_tvm.bench.workloads import Workload
-from wide_tvm.bench import measure as M
+import numpy as np, torch
+from experiment_harness import Build
 
-_ensure_cuda_runtime(tvm)
-build, out_json = sys.argv[1], sys.argv[2]
-spec = json.load(open(f"{build}/bench.json"))
-ours = tvm.runtime.load_module(f"{build}/ours.so")
-tv = tvm.runtime.from_dlpack
-l2 = torch.cuda.get_device_properties(0).L2_cache_size
-flush = M.l2_flush_buffer()
+B = Build(sys.argv[1])
+out_json = sys.argv[2]
 rng = np.random.default_rng(5)
 
 
@@ -35,28 +27,16 @@ def sets(G):
 
 
 rows = []
-for wj in spec["workloads"]:
-    w = Workload(**wj)
-    weights = M._rotating_weights(w, l2, tv, spec.get("layouts", {}).get(w.name, "nk"))
-    kernel = ours[w.kernel]
+for w, weights in B.workloads():
     G = w.groups
-    x = torch.randn(1, w.k, device="cuda").half(); xt = tv(x)
+    x = torch.randn(1, w.k, device="cuda").half()
     for label, group_sets in sets(G).items():
         masks = []
         for gs in group_sets:
             mk = np.zeros((1, G), np.int32); mk[0, gs] = 1; masks.append(mk)
         while len(masks) < 4:
             masks.append(masks[len(masks) % len(group_sets)])
-        mt = [torch.from_numpy(v).cuda() for v in masks]
-        out = torch.empty(1, w.n, dtype=torch.float16, device="cuda")
-        rp = [M._reorder_args(w, v, tv) for v in mt]
-        for r in rp:
-            ours[w.reorder](*r)
-        nxt = M._rotating(lambda i: rp[i], 4)
-        def call(): M._launch(kernel, w, xt, weights(), nxt(), tv(out))
-        t_cublas, t_kernel = M.event_medians_us([lambda: torch.matmul(x, weights()[0].t()), call], flush.sum, reps=100)
-        err = max(M._check(w, x, weights(), mk, out, lambda wts, a=r: M._launch(kernel, w, xt, wts, a, tv(out)))
-                  for mk, r in zip(mt, rp))
+        t_cublas, t_kernel, err = B.time_masks(w, weights, x, masks, reps=100)
         k = len(group_sets[0])
         rows.append(dict(workload=w.name, groups=G, used=k, placement=label, kernel_us=t_kernel, cublas_us=t_cublas,
                          rel_err=err))

@@ -3,29 +3,18 @@ with no group used (and with half of them), timed together as the benchmark time
 
     python3 THIS BUILD_DIR OUT_JSON      (on the GPU host, PYTHONPATH=the source tree)"""
 import json, sys
-import numpy as np, torch, tvm
-sys.path.insert(0, '.')
-from wide_tvm.runtime import _ensure_cuda_runtime
-from wide_tvm.bench.workloads import Workload
-from wide_tvm.bench import measure as M
+import numpy as np, torch
+from experiment_harness import M, Build, tv
 
-_ensure_cuda_runtime(tvm)
-build, out_json = sys.argv[1], sys.argv[2]
-spec = json.load(open(f"{build}/bench.json"))
-ours = tvm.runtime.load_module(f"{build}/ours.so")
-tv = tvm.runtime.from_dlpack
-l2 = torch.cuda.get_device_properties(0).L2_cache_size
-flush = M.l2_flush_buffer()
+B = Build(sys.argv[1])
+out_json = sys.argv[2]
+ours = B.ours
 a = torch.zeros(1, device="cuda"); b = torch.zeros(4096, device="cuda", dtype=torch.float16)
 xs = torch.randn(1, 4096, device="cuda").half(); ws = torch.randn(128, 4096, device="cuda").half()
 fns = {"torch zero_ (1 element)": lambda: a.zero_(), "torch add_ (8 KB)": lambda: b.add_(1),
        "torch.matmul 1x4096 @ 4096x128": lambda: torch.matmul(xs, ws.t())}
 keep = []
-for wj in spec["workloads"]:
-    w = Workload(**wj)
-    if w.name not in ("q_proj_h4", "o_proj_h4", "gate_up_g128", "down_g128"):
-        continue
-    weights = M._rotating_weights(w, l2, tv, spec.get("layouts", {}).get(w.name, "nk"))
+for w, weights in B.workloads(("q_proj_h4", "o_proj_h4", "gate_up_g128", "down_g128")):
     x = torch.randn(1, w.k, device="cuda").half(); xt = tv(x)
     out = torch.empty(1, w.n, dtype=torch.float16, device="cuda")
     for used in (0, w.groups // 2):
@@ -35,7 +24,7 @@ for wj in spec["workloads"]:
         keep.append((weights, x, xt, out, r))
         fns[f"{w.name}, {used} of {w.groups} groups"] = (
             lambda k=ours[w.kernel], w=w, xt=xt, wts=weights, r=r, o=tv(out): M._launch(k, w, xt, wts(), r, o))
-ts = M.event_medians_us(list(fns.values()), flush.sum, reps=200)
+ts = M.event_medians_us(list(fns.values()), B.flush.sum, reps=200)
 rows = [{"what": k, "us": t} for k, t in zip(fns, ts)]
 for r in rows:
     print(f"{r['what']:36s} {r['us']:6.2f} us")

@@ -18,8 +18,8 @@ import subprocess
 # The kernel modules each space's kernels are built from: a record timed on other code than today's is stale
 SPACE_SOURCES = {"cpu": ("gemm_mn", "gemm_k", "tiles", "weights", "dispatch"),
                  "decode": ("gemm_mn", "gemm_k", "gemv", "weights", "dispatch"),
-                 "tile": ("gemm_mn", "gemm_k", "gemv", "tile_gemm", "wgmma_gemm", "mask_reorder", "weights",
-                          "dispatch")}
+                 "tile": ("gemm_mn", "gemm_k", "gemv", "tile_gemm", "wgmma_gemm", "mask_reorder", "token_order",
+                          "weights", "dispatch")}
 
 
 # space -> the code version that counts as today's inside `records_of` (an A/B build against the committed records)
@@ -59,12 +59,17 @@ def code_version_at(rev: str, space: str) -> str:
     from ..errors import WideError
 
     here = os.path.dirname(os.path.abspath(__file__))
+
+    def git(*args, cwd=None):
+        return subprocess.run(["git", "-C", cwd or root, *args], capture_output=True, text=True, check=True).stdout
+
     try:
-        root = subprocess.run(["git", "-C", here, "rev-parse", "--show-toplevel"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        sources = [subprocess.run(["git", "-C", root, "show", f"{rev}:{os.path.relpath(here, root)}/{name}.py"],
-                                  capture_output=True, text=True, check=True).stdout
-                   for name in SPACE_SOURCES[space]]
+        root = git("rev-parse", "--show-toplevel", cwd=here).strip()
+        git("rev-parse", "--verify", f"{rev}^{{commit}}")  # (an unknown revision: git says so)
+        paths = [f"{os.path.relpath(here, root)}/{name}.py" for name in SPACE_SOURCES[space]]
+        # a module the revision does not have yet was not part of its hash either (its SPACE_SOURCES had no such name)
+        present = set(git("ls-tree", "--name-only", rev, "--", *paths).split())
+        sources = [git("show", f"{rev}:{path}") for path in paths if path in present]
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", "") or str(e)
         raise WideError(f"cannot read the kernel modules of revision {rev!r} (a git checkout is needed): "

@@ -23,7 +23,7 @@ from tvm import tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from ..bench.workloads import TILE_VARIANTS, WGMMA_VARIANTS, Workload, wgmma_fits
+from ..bench.workloads import TILE_VARIANTS, WGMMA_VARIANTS, Workload, ordered, wgmma_fits
 from ..kernel_knobs import kernel_key
 from ..weight_layout import LAYOUTS, stored_shape
 from .gemv import DECODE_BUCKETS, DEFAULT_DECODE, DIRECT_TOKENS, GemvKnobs, bucket_tokens, k_plan, mn_plan
@@ -109,8 +109,11 @@ class KnobTask:
         # docs/performance.md, "gemm_mn with swapped operands")
         # split-tail candidates only past 512 tokens: below, their kernels are the same as without the split (the
         # per-tile gemm_mn sorts its tokens itself there and never runs the pass that splits)
+        # pattern-ordered gemm_k candidates only past 512 tokens, where the sort's launch is a small part of the time
+        # and many tiles can share skips
         wg = tuple(v for v in WGMMA_VARIANTS if wgmma_fits(w, v) and (self.bucket == 0 or not _swapped(v))
-                   and (self.bucket == len(TILE_TOKENS) - 1 or not _split_tail(v))) if self.wgmma else ()
+                   and (self.bucket == len(TILE_TOKENS) - 1 or not (_split_tail(v) or ordered(v)))) \
+            if self.wgmma else ()
         return {"variant": TILE_VARIANTS + wg}
 
     def size(self) -> int:

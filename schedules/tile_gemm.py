@@ -58,6 +58,9 @@ class TileKnobs:
     # at most half a wave, each of them is split in K over up to this many blocks (extra blocks past the grid's
     # tiles), their fp32 partials summed by a second launch; 0: those tiles run whole, a wave of their own
     tail: int = 0
+    # wgmma gemm_k on the per-tile grid, groups of up to 8: the tiles are of tokens ordered by mask pattern
+    # (schedules/token_order.py, a launch in front), so a tile's tokens share the groups they skip (1); 0: in order
+    order: int = 0
 
     def name(self) -> str:
         if self.kernel == "gemv":
@@ -66,7 +69,7 @@ class TileKnobs:
             return (f"wg{self.tokens}n{64 * self.rows}s{self.stages}" + (f"k{self.ksplit}" if self.ksplit > 1 else "")
                     + (f"p{self.producer}" if self.producer else "") + (f"x{self.persistent}" if self.persistent else "")
                     + ("t" if self.swap else "") + (f"l{self.l2}" if self.l2 else "")
-                    + (f"w{self.tail}" if self.tail else ""))
+                    + (f"w{self.tail}" if self.tail else "") + ("o" if self.order else ""))
         return f"t{self.tokens}r{self.rows}s{self.stages}p{self.prefetch}"
 
 
@@ -86,18 +89,20 @@ DEFAULT_TILES = (GEMV_TILES, TileKnobs(), TileKnobs())
 def tile_knob(entry) -> TileKnobs:
     """One bucket's knobs from a log or sweep entry: [tokens, rows, stages, prefetch], ["gemv"], or
     ["wgmma", tokens, rows, stages(, ksplit(, producer warps(, persistent blocks(, swap(, L2 prefetch bytes(, tail
-    shares))))))]."""
+    shares(, pattern order)))))))]."""
     entry = list(entry)
     if entry == ["gemv"]:
         return GEMV_TILES
     if entry and entry[0] == "wgmma":
-        if len(entry) not in (4, 5, 6, 7, 8, 9, 10):
+        if len(entry) not in range(4, 12):
             raise ValueError(f"wgmma tile knobs {entry}: expected ['wgmma', tokens, rows (N / 64), stages(, ksplit"
-                             "(, producer warps(, persistent blocks(, swap(, L2 prefetch bytes(, tail shares))))))]")
+                             "(, producer warps(, persistent blocks(, swap(, L2 prefetch bytes(, tail shares(, pattern "
+                             "order)))))))]")
         knobs = TileKnobs(tokens=entry[1], rows=entry[2], stages=entry[3], kernel="wgmma",
                           ksplit=entry[4] if len(entry) > 4 else 1, producer=entry[5] if len(entry) > 5 else 0,
                           persistent=entry[6] if len(entry) > 6 else 0, swap=entry[7] if len(entry) > 7 else 0,
-                          l2=entry[8] if len(entry) > 8 else 0, tail=entry[9] if len(entry) > 9 else 0)
+                          l2=entry[8] if len(entry) > 8 else 0, tail=entry[9] if len(entry) > 9 else 0,
+                          order=entry[10] if len(entry) > 10 else 0)
     else:
         knobs = TileKnobs(*entry)
     check_tile_knobs(knobs)
@@ -136,6 +141,10 @@ def check_tile_knobs(knobs: TileKnobs) -> None:
                                                    or knobs.persistent):
         raise ValueError(f"wgmma tile knobs {knobs}: a split tail wave ({knobs.tail} shares a tile) is one of "
                          f"{TAIL_SHARES} shares, on the per-tile grid of an unswapped gemm_mn that does not split K")
+    if knobs.kernel == "wgmma" and knobs.order and (knobs.order != 1 or knobs.swap or knobs.producer
+                                                    or knobs.persistent or knobs.tail):
+        raise ValueError(f"wgmma tile knobs {knobs}: tokens ordered by mask pattern (order 1) only on the per-tile "
+                         "grid of a gemm_k without producer warps")
     if knobs.kernel == "wgmma" and knobs.swap:
         # (4 warpgroups: TVM's shared-memory sync planner refuses the kernel, "cannot insert syncs inside condition")
         if (knobs.tokens not in SWAP_TOKENS or knobs.stages < 3 or not 1 <= knobs.rows <= 2 or knobs.ksplit < 1
@@ -152,9 +161,10 @@ def check_tile_knobs(knobs: TileKnobs) -> None:
                              "64 tokens), rows 1..4 (wgmma N = 64 rows), stages >= 3, ksplit >= 1, producer "
                              f"warps one of {WGMMA_PRODUCERS}, and a persistent grid of 0 or at least 2 blocks")
         return
-    if knobs.ksplit != 1 or knobs.producer or knobs.persistent or knobs.swap or knobs.l2 or knobs.tail:
+    if knobs.ksplit != 1 or knobs.producer or knobs.persistent or knobs.swap or knobs.l2 or knobs.tail or knobs.order:
         raise ValueError(f"tile knobs {knobs}: only the wgmma GEMMs split K over blocks, have producer warps, "
-                         "a persistent grid, swapped operands, an L2 prefetch size or a split tail wave")
+                         "a persistent grid, swapped operands, an L2 prefetch size, a split tail wave or a pattern "
+                         "order")
     if knobs.kernel != "smem" or knobs.tokens % 64 or knobs.rows < 1 or knobs.stages < 2 or knobs.prefetch < 1:
         raise ValueError(f"tile knobs {knobs}: tokens must be a multiple of 64, rows >= 1, stages >= 2, "
                          "prefetch >= 1, kernel 'smem' (or 'gemv', which has no tile GEMM)")

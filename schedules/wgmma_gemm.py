@@ -54,6 +54,11 @@ tokens 3-11 %, gate/up g128 at 160-4096 2-5 %, g32 1-2 %); swapped and persisten
   partial wave's K steps out in quarter tiles (stream-K, `_stream_k_body`), so a tail wave of a few tiles does not
   leave most SMs idle; a partial wave of more than half the blocks is split into aligned parts where that takes
   fewer waves of a part than one whole tile and the parts stay long (`stream_k_parts`: down at 513-640 tokens).
+  Knob `order` (per-tile grid, at most 8 groups: O's head groups): the tiles are of tokens ordered by mask pattern
+  (schedules/token_order.py: two launches in front), so a tile's tokens share the groups they skip. Under random
+  50 % masks a 128-token tile of 4096 tokens in token order runs all 8 of O's groups, ordered about 6; on the
+  H200 the GEMM of O at 4096 tokens takes 174 instead of 238 us, 191 with the two launches (docs/performance.md,
+  2026-12-04, eighth session; not in the tuning spaces yet, see wide_tvm/bench/workloads.py ORDER_VARIANTS).
 * gemm_mn's per-tile grid past SORT_TOKENS, knob `tail` (`_tail_pass`): where the tiles past the whole waves would
   fill at most half a wave, each is split in K over up to `tail` blocks (helper blocks past the grid's tiles), their
   fp32 partials summed in a fixed order by a second launch (`_sum_tail`).
@@ -70,6 +75,7 @@ from ..targets import hopper_device_code
 from .gemv import ROWS, _plus, _used_groups, bit_words, token_runs
 from .mask_reorder import _ballot, _lanes_below, _popc, block_scan
 from .tile_gemm import TILE_BUCKETS, TileKnobs, check_tile_knobs
+from .token_order import MAX_GROUPS, order_groups_ok, pattern_order
 
 hopper_device_code()  # these kernels need sm_90a device code, whichever way an sm_90 target reaches the compiler
 
@@ -141,6 +147,8 @@ def check_wgmma_shape(group_size: int, k_dim: int, knobs: TileKnobs, swiglu: boo
             raise ValueError(f"the wgmma gemm_k needs a group size that is {KSTEP // 2} or a multiple of {KSTEP} and "
                              f"N a multiple of {64 * knobs.rows}; got group size {group_size}, N={k_dim}")
         return
+    if knobs.order:
+        raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_k orders its tokens by mask pattern")
     if knobs.ksplit > 1 and knobs.persistent:
         raise ValueError(f"tile knobs {knobs}: a persistent grid does not split K over blocks")
     if knobs.persistent and not knobs.producer:
@@ -1122,9 +1130,20 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
     # the block barrier to the wgmmas, with every thread copying. Not for 64-token tiles of groups of 32: on the
     # H200 it made those 5-15 % slower at 33-128 tokens (128-token tiles of them: 4-8 % faster)
     ahead = not knobs.producer and (gs % KSTEP == 0 or BT == 128)
+    # tiles of tokens ordered by mask pattern (knob order): two launches in front sort them (schedules/token_order.py);
+    # a copier keeps its rows' tokens in registers past lookahead's entries, the store writes rows to their tokens
+    ordered = bool(knobs.order)
+    if ordered and not (ahead and order_groups_ok(G)):
+        raise ValueError(f"tile knobs {knobs}: the wgmma gemm_k orders tokens by mask pattern for at most "
+                         f"{MAX_GROUPS} groups, with lookahead; got {G} groups of {gs}")
 
     def nn(n):
         return T.Cast("int32", n)
+
+    def a_row(pre, tok, bt, c, ct, n):
+        """The token of copier ct's copy c in token tile bt: its register (ordered tiles, from entry `tok` of pre)
+        or the tile's row, clamped into the tokens."""
+        return pre[tok + c] if ordered else T.min(bt * BT + (c * COPIERS + ct) // 8, nn(n) - 1)
 
     if gs % KSTEP == 0:  # a listed group is SPG whole K steps
         SPG = gs // KSTEP
@@ -1159,8 +1178,7 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
             """copy_a from the entries lookahead loaded."""
             T.ptx["cp.async.cg.shared.global"](
                 _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
-                a.ptr_to([T.min(bt * BT + (c * COPIERS + ct) // 8, nn(n) - 1),
-                          pre[0] * gs + step % SPG * KSTEP + ct % 8 * 8]),
+                a.ptr_to([a_row(pre, PRE, bt, c, ct, n), pre[0] * gs + step % SPG * KSTEP + ct % 8 * 8]),
                 16, T.Select(T.bitwise_and(T.shift_right(pre[1 + c], (c * COPIERS + ct) // 8 % 32), 1) != 0,
                              T.uint32(16), T.uint32(0)))
 
@@ -1224,8 +1242,7 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
             """copy_a from the entries lookahead loaded."""
             T.ptx["cp.async.cg.shared.global"](
                 _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
-                a.ptr_to([T.min(bt * BT + (c * COPIERS + ct) // 8, nn(n) - 1),
-                          pre[ct % 8 // UPG] * gs + ct % 8 % UPG * 8]),
+                a.ptr_to([a_row(pre, PRE, bt, c, ct, n), pre[ct % 8 // UPG] * gs + ct % 8 % UPG * 8]),
                 16, T.Select(T.bitwise_and(T.shift_right(pre[GPS + c], (c * COPIERS + ct) // 8 % 32), 1) != 0,
                              T.uint32(16), T.uint32(0)))
 
@@ -1278,19 +1295,28 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
 
     run = wgmma_mainloop(knobs, NB, issue, landed if tma else None, lookahead if ahead else None)
     staged_store = staged_tile_store(knobs, NB, ring)
+    if ordered:  # tile row r is token perm[bt BT + r]
+        staged_store = staged_tile_store(knobs, NB, ring, out_row=lambda pos, perm: perm[pos])
 
-    def partial(sp, bt, j, tid, e, n):
-        """Index in ws [splits, n, N] of this split's fp32 partial of accumulator element 4 j + e."""
-        return (sp[1] * nn(n) + bt * BT + _acc_row(tid, e)) * N + sp[2] * NB + _acc_col(j, tid, e)
+    def token(perm, bt, r):
+        """The token of row r of token tile bt (r < the tile's rows below n)."""
+        return perm[bt * BT + r] if ordered else bt * BT + r
+
+    def partial(sp, bt, j, tid, e, n, perm):
+        """Index in ws [splits, n, N] of this split's fp32 partial of accumulator element 4 j + e (rows: tokens; the
+        sum's association as before the order existed, so unordered kernels keep their TIR and their records)."""
+        row = (sp[1] * nn(n) + perm[bt * BT + _acc_row(tid, e)] if ordered
+               else sp[1] * nn(n) + bt * BT + _acc_row(tid, e))
+        return row * N + sp[2] * NB + _acc_col(j, tid, e)
 
     def splits(n):
         """Blocks splitting K at n tokens (int32): gemm_k_splits of the token tiles."""
         return gemm_k_splits((nn(n) + BT - 1) // BT, N // NB, (G * gs + KSTEP - 1) // KSTEP, knobs)
 
     @T.macro
-    def main_pass(a, w, mask, used, out, ws, n):
+    def main_pass(a, w, mask, used, out, ws, n, perm):
         """The GEMM; split over blocks (splits(n) > 1) each block writes its fp32 partials to ws [splits, n, N]
-        instead of out."""
+        instead of out. Ordered tiles: mask is in perm's token order."""
         for bt in T.thread_binding((nn(n) + BT - 1) // BT, thread="blockIdx.x"):  # a column block's tiles together
             for by in T.thread_binding(N // NB * splits(n), thread="blockIdx.y"):  # column block x splits + split
                 xs = T.decl_buffer((ring_bytes(knobs, NB) // 2,), "float16", scope="shared.dyn")
@@ -1318,7 +1344,12 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                                 T.ptx["mbarrier.init.shared::cta.b64"](tbar.ptr_to([i]), 1)  # the TMA thread's arrive
                             T.ptx["fence.mbarrier_init.release.cluster"]()  # ... before the TMA unit completes on them
                     if ahead:
-                        pre = T.decl_buffer((PRE,), "int32", scope="local")  # lookahead's list entries
+                        # lookahead's list entries (ordered tiles: then the tokens of this copier's rows)
+                        pre = T.decl_buffer((PRE + CA if ordered else PRE,), "int32", scope="local")
+                        if ordered:
+                            for c in T.unroll(CA):
+                                pre[PRE + c] = perm[T.min(bt * BT + (c * COPIERS + tid - ring.copier0) // 8,
+                                                          nn(n) - 1)]
                         run(xs, base, desc, acc, nst[0], tid, a, w, tbar, sused, pre, first, bt, sp[2],
                             tid - ring.copier0, n)
                     else:  # (kernels without lookahead read the list where they use it)
@@ -1331,7 +1362,10 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                                     for h in T.unroll(2):  # 8 bytes a thread: a warp's store fills 32-byte sectors
                                         if bt * BT + _acc_row(tid, 2 * h) < nn(n):
                                             for v in T.vectorized(2):
-                                                ws[partial(sp, bt, j, tid, 2 * h, n) + v] = acc[4 * j + 2 * h + v]
+                                                ws[partial(sp, bt, j, tid, 2 * h, n, perm) + v] = \
+                                                    acc[4 * j + 2 * h + v]
+                        elif ordered:
+                            staged_store(xs, base, acc, tid, out, bt * BT, sp[2] * NB, nn(n), perm)
                         else:
                             staged_store(xs, base, acc, tid, out, bt * BT, sp[2] * NB, nn(n))
                     else:  # a split knob (every count splits K): as before the staging, the out branch never runs
@@ -1340,10 +1374,12 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                                 for e in T.unroll(4):
                                     if bt * BT + _acc_row(tid, e) < nn(n):
                                         if sp[0] > 1:
-                                            ws[partial(sp, bt, j, tid, e, n)] = acc[4 * j + e]
+                                            ws[partial(sp, bt, j, tid, e, n, perm)] = acc[4 * j + e]
                                         else:
-                                            out[bt * BT + _acc_row(tid, e), sp[2] * NB + _acc_col(j, tid, e)] = \
+                                            out[token(perm, bt, _acc_row(tid, e)), sp[2] * NB + _acc_col(j, tid, e)] = \
                                                 T.Cast("float16", acc[4 * j + e])
+
+    sort_tokens = pattern_order(G) if ordered else None
 
     if knobs.persistent:
         return _stream_k_body(
@@ -1357,7 +1393,14 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
         # [splits, n, N] fp32 partials (one element, unused, when one block does a tile's whole K)
         ws = T.alloc_buffer((T.Select(splits(n) > 1, T.Cast("int64", splits(n)) * n * N, T.int64(1)),), "float32",
                             scope="global")
-        main_pass(a, w, mask, used, out, ws, n)
+        if ordered:  # the tokens in mask-pattern order, and the mask in that order: a launch in front
+            perm = T.alloc_buffer((n,), "int32", scope="global")
+            smask = T.alloc_buffer((n, G), "int32", scope="global")
+            place = T.alloc_buffer((n,), "int32", scope="global")
+            sort_tokens(mask, perm, smask, place, n)
+            main_pass(a, w, smask, used, out, ws, n, perm)
+        else:
+            main_pass(a, w, mask, used, out, ws, n, used)
         if splits(n) > 1:  # decided on the host
             _sum_k_partials(ws, out, n, splits(n), N)
 

@@ -44,6 +44,9 @@ def test_wgmma_knobs_parse_name_and_validate():
     # ... gemm_mn's last wave split in K over up to 8 blocks a tile (past 512 tokens)
     assert tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8]) == TileKnobs(128, 4, 4, 1, "wgmma", 1, 4, tail=8)
     assert tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8]).name() == "wg128n256s4p4w8"
+    # ... gemm_k's tiles over tokens ordered by mask pattern (O's 8 head groups, past 512 tokens)
+    assert tile_knob(["wgmma", 128, 2, 6, 2, 0, 0, 0, 0, 0, 1]) == TileKnobs(128, 2, 6, 1, "wgmma", 2, order=1)
+    assert tile_knob(["wgmma", 128, 2, 6, 2, 0, 0, 0, 0, 0, 1]).name() == "wg128n128s6k2o"
     for bad, why in ((["wgmma", 192, 4, 3], "tokens must be one of"), (["wgmma", 128, 5, 4], "rows 1..4"),
                      (["wgmma", 128, 4, 2], "stages >= 3"), (["wgmma", 128, 4], "expected \\['wgmma'"),
                      (["wgmma", 128, 4, 4, 0], "ksplit >= 1"), (["wgmma", 128, 4, 4, 1, 3], "producer warps one of"),
@@ -57,7 +60,12 @@ def test_wgmma_knobs_parse_name_and_validate():
                      (["wgmma", 80, 2, 4, 1, 0, 0, 2], "tokens a multiple of 8"),
                      ([128, 1, 3, 1, "smem", 1, 0, 0, 1], "swapped operands"),
                      (["wgmma", 80, 1, 6, 1, 0, 0, 1, 512], "an L2 prefetch is one of"),
-                     (["wgmma", 80, 1, 6, 1, 0, 0, 1, 256, 8, 1], "expected \\['wgmma'"),
+                     (["wgmma", 80, 1, 6, 1, 0, 0, 1, 256, 8, 1, 0], "expected \\['wgmma'"),
+                     (["wgmma", 128, 4, 4, 1, 0, 132, 0, 0, 0, 1], "ordered by mask pattern"),
+                     (["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 0, 1], "ordered by mask pattern"),
+                     (["wgmma", 80, 1, 6, 1, 0, 0, 1, 0, 0, 1], "ordered by mask pattern"),
+                     (["wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 2], "ordered by mask pattern"),
+                     ([128, 1, 3, 1, "smem", 1, 0, 0, 0, 0, 0, 1], "a pattern order"),
                      (["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 3], "a split tail wave"),
                      (["wgmma", 128, 4, 4, 2, 4, 0, 0, 0, 8], "a split tail wave"),
                      (["wgmma", 128, 4, 4, 1, 4, 132, 0, 0, 8], "a split tail wave"),
@@ -252,6 +260,66 @@ def test_split_tail_covers_the_last_waves_k_steps_once():
         runs = [tail_share_steps(s, shares, steps) for s in range(shares)]
         assert all(n >= 1 for _, n in runs) and [k for k, _ in runs] == list(itertools.accumulate(
             [0] + [n for _, n in runs[:-1]])) and sum(n for _, n in runs) == steps
+
+
+def test_pattern_order_is_a_knob_of_few_group_gemm_k_past_512_tokens(monkeypatch):
+    """Only gemm_k of at most 8 groups (O's head groups) orders its tokens by mask pattern, on the per-tile grid with
+    lookahead. The candidates are out of the tuning spaces until the fixed sort is checked on the GPU
+    (wide_tvm/bench/workloads.py); once in, only the bucket past 512 tokens gets them."""
+    from wide_tvm.bench.workloads import ORDER_VARIANTS, Workload, wgmma_fits
+    from wide_tvm.schedules import knob_space as ks
+
+    order = ["wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 1]
+    with pytest.raises(ValueError, match="only the wgmma gemm_k orders its tokens"):
+        gemm_mn(8, 512, 4096, "float16", "tc", False, "cuda", tile_knobs=(tile_knob(order),) * 3)
+    with pytest.raises(ValueError, match="at most 8 groups"):
+        gemm_k(112, 128, 4096, "float16", "tc", "cuda", tile_knobs=(tile_knob(order),) * 3)
+    with pytest.raises(ValueError, match="with lookahead"):  # 64-token tiles of groups of 32 have none
+        gemm_k(6, 32, 256, "float16", "tc", "cuda",
+               tile_knobs=(tile_knob(["wgmma", 64, 1, 4, 1, 0, 0, 0, 0, 0, 1]),) * 3)
+    fits = {(kind, g, gs): [wgmma_fits(Workload("w", kind, g, gs, 4096, swiglu, "float16"), v) for v in ORDER_VARIANTS]
+            for kind, g, gs, swiglu in (("gemm_mn", 8, 512, False), ("gemm_mn", 112, 128, True),
+                                        ("gemm_k", 112, 128, False), ("gemm_k", 8, 512, False))}
+    assert fits == {("gemm_mn", 8, 512): [False] * 3, ("gemm_mn", 112, 128): [False] * 3,
+                    ("gemm_k", 112, 128): [False] * 3, ("gemm_k", 8, 512): [True] * 3}
+
+    def spaces():
+        return {(kind, g): [[v for v in ks.KnobTask(kind, g, gs, 4096, "float16", "tc", "tile", b, True).choices()[
+            "variant"] if v in ORDER_VARIANTS] for b in range(3)]
+                for kind, g, gs in (("gemm_mn_swiglu", 112, 128), ("gemm_mn", 8, 512), ("gemm_k", 112, 128),
+                                    ("gemm_k", 8, 512))}
+
+    assert all(got == [[], [], []] for got in spaces().values())  # (not yet)
+    monkeypatch.setattr(ks, "WGMMA_VARIANTS", ks.WGMMA_VARIANTS + ORDER_VARIANTS)
+    assert spaces() == {("gemm_mn_swiglu", 112): [[], [], []], ("gemm_mn", 8): [[], [], []],
+                        ("gemm_k", 112): [[], [], []], ("gemm_k", 8): [[], [], list(ORDER_VARIANTS)]}
+
+
+def test_pattern_order_shares_skips_between_a_tiles_tokens():
+    """The order the sorting launch produces (token_order.host_order: Gray-code rank of the pattern, stable) makes
+    a 128-token tile of O's 4096 tokens run about 3 / 4 of its 8 groups under random 50 % masks (in token order:
+    all of them) and fewer under skewed masks, as schedules/token_order.py says."""
+    import numpy as np
+
+    from wide_tvm.schedules.token_order import host_order
+
+    def ran(mask, order, bt=128):  # groups a tile runs, over the tiles' groups
+        m = mask[order]
+        return sum(m[i:i + bt].any(0).sum() for i in range(0, len(m), bt)) / (-(-len(m) // bt) * m.shape[1])
+
+    rng = np.random.default_rng(0)
+    mask = (rng.random((4096, 8)) < 0.5).astype(np.int32)
+    order = host_order(mask)
+    assert sorted(order) == list(range(4096)) and ran(mask, np.arange(4096)) == 1.0
+    assert 0.70 < ran(mask, order) < 0.80
+    skewed = (rng.random((4096, 8)) < np.linspace(0.05, 0.95, 8)).astype(np.int32)
+    assert ran(skewed, host_order(skewed)) < 0.70
+    # stable: equal patterns keep their token order; Gray order: neighbouring patterns differ in one group
+    keys = [tuple(r) for r in mask[order]]
+    assert all(order[i] < order[i + 1] for i in range(4095) if keys[i] == keys[i + 1])
+    runs = [k for i, k in enumerate(keys) if i == 0 or k != keys[i - 1]]  # the patterns in their order
+    assert len(runs) == len(set(runs)) == 256  # (every pattern occurs at this size)
+    assert all(np.sum(np.array(a) != np.array(b)) == 1 for a, b in zip(runs, runs[1:]))
 
 
 def test_split_tail_is_a_gemm_mn_knob_of_the_last_bucket():
@@ -468,12 +536,13 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from wide_tvm.bench.workloads import STREAM_K_VARIANTS, WGMMA_VARIANTS
+    from wide_tvm.bench.workloads import ORDER_VARIANTS, STREAM_K_VARIANTS, WGMMA_VARIANTS
 
     cases = []
     # an L2-prefetching variant differs from its base only in the weight copies' PTX: one of them builds
     l2 = [v for v in WGMMA_VARIANTS if len(v) > 8 and v[8]]
-    for i, v in enumerate(v for v in WGMMA_VARIANTS if v not in l2[1:] and v not in STREAM_K_VARIANTS):
+    for i, v in enumerate(v for v in WGMMA_VARIANTS
+                          if v not in l2[1:] and v not in STREAM_K_VARIANTS and v not in ORDER_VARIANTS):
         # every set builds gemm_mn, those splitting K too (Q: one K step over 4 or 8 blocks, most of them empty)
         cases += [(f"mn{i}", "mn", (4, 64, 128, True), v), (f"q{i}", "mn", (2, 512, 64, False), v)]
         if len(v) < 7:  # only gemm_mn runs on a persistent grid with producer warps or swaps its operands
@@ -482,6 +551,9 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
     for i, v in enumerate(STREAM_K_VARIANTS):
         cases.append((f"kx{i}", "k", (4, 64, 256), v))
     cases.append(("mn32", "mn", (6, 32, 64, True), ("wgmma", 128, 4, 4)))
+    # gemm_k over tokens ordered by mask pattern (gemm_k's alone, at most 8 groups), one of them split over blocks
+    for i, v in enumerate(ORDER_VARIANTS + (("wgmma", 128, 2, 6, 2, 0, 0, 0, 0, 0, 1),)):
+        cases.append((f"ko{i}", "k", (8, 64, 256), v))
     # two groups a K step: 128-token tiles (with lookahead), 64-token ones (without), producer warps
     for name, v in (("k32", ("wgmma", 128, 2, 6, 4)), ("k32s", ("wgmma", 64, 1, 4)),
                     ("k32p", ("wgmma", 64, 1, 4, 1, 1)), ("k32x", ("wgmma", 128, 4, 4, 1, 0, 132))):
@@ -523,6 +595,15 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
             staged[name] = "*(uint4*)(out_ptr" in body[0] and "*(float2*)(ws_ptr" in body[0] and not direct
             assert staged[name] == (tile_knob(v).ksplit == 1), (name, v)
     assert any(staged.values()) and not all(staged.values())
+    # ordered gemm_k: a one-block sort (shared-memory atomics on counts), a scatter of the order, then the GEMM whose
+    # copies and stores go through it
+    for name, kind, _, v in cases:
+        if name.startswith("ko"):
+            mine = [k for k in kernels if re.match(rf" void __launch_bounds__\(\d+\) {name}_kernel", k)]
+            assert any("atomicAdd" in k and "place_ptr" in k.split("{")[0] and "__ballot_sync" in k for k in mine)
+            assert any("perm_ptr[place_ptr[" in k for k in mine), name
+            assert any("wgmma" in k and "pre_ptr" in k and re.search(r"out_ptr( \+ |\[)\(+\(int64_t\)perm_ptr\[", k)
+                       for k in mine), name  # (through the ring, or a split knob's fragments: rows at their tokens)
     # gemm_k's stream-K grid restarts its TMA mbarriers' phases at each tile it takes up
     assert "mbarrier.inval.shared::cta.b64" in src
     # gemm_mn on the per-tile grid (operands not swapped) stores an unsplit tile through shared memory into its

@@ -176,6 +176,14 @@ KERNELS = [
     ("gemm_k", 3, 64, 256, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 0, 132)),
     ("gemm_k", 5, 32, 256, "float16", "tc", None, ("wgmma", 128, 2, 6, 1, 0, 132)),
     ("gemm_k", 6, 128, 128, "float16", "tc", None, ("wgmma", 64, 2, 4, 1, 0, 5)),
+    # gemm_k over tokens ordered by mask pattern (knob order, at most 8 groups; check at --counts past 512 too): O's
+    # shape, split over blocks (partials summed at their tokens), 64-token tiles, one group, groups of 32
+    ("gemm_k", 8, 512, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 1)),
+    ("gemm_k", 8, 512, 4096, "float16", "tc", None, ("wgmma", 128, 2, 6, 2, 0, 0, 0, 0, 0, 1)),
+    ("gemm_k", 8, 512, 4096, "float16", "tc", None, ("wgmma", 64, 4, 5, 1, 0, 0, 0, 0, 0, 1)),
+    ("gemm_k", 3, 64, 256, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 1)),
+    ("gemm_k", 1, 128, 128, "float16", "tc", None, ("wgmma", 64, 2, 4, 3, 0, 0, 0, 0, 0, 1)),
+    ("gemm_k", 5, 32, 64, "float16", "tc", None, ("wgmma", 128, 1, 4, 1, 0, 0, 0, 0, 0, 1)),
 ]
 
 

@@ -152,6 +152,15 @@ WGMMA_VARIANTS += STREAM_K_VARIANTS
 TAIL_VARIANTS = (("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8), ("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 16),
                  ("wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 8))
 WGMMA_VARIANTS += TAIL_VARIANTS
+# gemm_k of at most 8 groups (O's head groups) past 512 tokens over tokens ordered by mask pattern (knob order, the
+# eleventh entry): two launches in front sort the tokens so that a tile's tokens share the groups they skip
+# (schedules/token_order.py). Not in the tuning spaces yet: the form measured on the H200 (O at 4096 tokens 231 ->
+# 191 us) crashed in 5 of 14 benchmark runs (a warp scan's shuffle over __activemask()), its fix ran 5 runs clean
+# but is not yet through tools/gpu_check.py (docs/performance.md, 2026-12-04, eighth session). Once it is:
+# WGMMA_VARIANTS += ORDER_VARIANTS, and time them into the > 512 bucket (tools/measure_knobs.py)
+ORDER_VARIANTS = (("wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 1), ("wgmma", 128, 2, 6, 1, 0, 0, 0, 0, 0, 1),
+                  ("wgmma", 64, 4, 5, 1, 0, 0, 0, 0, 0, 1))
+ORDER_GROUPS = 8  # = schedules.token_order.MAX_GROUPS
 TILE_BUCKETS = (128, 512)  # = schedules.tile_gemm.TILE_BUCKETS
 TILE_SWEEP_BUCKETS = tuple(f"tiles{b}" for b in TILE_BUCKETS) + ("tiles",)  # their names in a sweep's picks
 PREFILL_SWEEP_TOKENS = (65, 128, 256, 512, 1024, 4096)
@@ -188,11 +197,19 @@ def wgmma_fits(w: Workload, v: tuple) -> bool:
         bn = min(w.group_size, 64 * v[2] // nw)  # output channels per block (wgmma_gemm.wgmma_n)
         return (w.k % 64 == 0 and bn % 16 == 0 and w.group_size % bn == 0 and nw * bn % 64 == 0
                 and (len(v) < 7 or not v[6] or (v[4] == 1 and bool(v[5])))  # a persistent grid: producer warps
-                and (len(v) < 10 or not v[9] or (v[4] == 1 and not any(v[6:8]))))  # a split tail: per tile, unsplit
+                and (len(v) < 10 or not v[9] or (v[4] == 1 and not any(v[6:8])))  # a split tail: per tile, unsplit
+                and not ordered(v))  # tokens ordered by pattern: gemm_k's alone
     whole = w.group_size % 64 == 0 or w.group_size == 32  # whole K steps, or two groups a step
     stream_k = len(v) > 6 and v[6]  # a persistent grid: every thread copies, K shared out by the grid itself
     return (whole and w.n % (64 * v[2]) == 0 and not any(v[7:10])  # no swap, L2 prefetch or split tail
-            and (not stream_k or (v[4] == 1 and not v[5])))
+            and (not stream_k or (v[4] == 1 and not v[5]))
+            and (not ordered(v) or (w.groups <= ORDER_GROUPS and not stream_k and not v[5]
+                                    and (w.group_size % 64 == 0 or v[1] == 128))))  # ... with lookahead
+
+
+def ordered(v: tuple) -> bool:
+    """Whether a wgmma tile variant orders its tokens by mask pattern (its eleventh entry)."""
+    return len(v) > 10 and bool(v[10])
 
 
 def tile_name(v: tuple) -> str:
@@ -201,7 +218,7 @@ def tile_name(v: tuple) -> str:
         return (f"wg{v[1]}n{64 * v[2]}s{v[3]}" + (f"k{v[4]}" if len(v) > 4 and v[4] > 1 else "")
                 + (f"p{v[5]}" if len(v) > 5 and v[5] else "") + (f"x{v[6]}" if len(v) > 6 and v[6] else "")
                 + ("t" if len(v) > 7 and v[7] else "") + (f"l{v[8]}" if len(v) > 8 and v[8] else "")
-                + (f"w{v[9]}" if len(v) > 9 and v[9] else ""))
+                + (f"w{v[9]}" if len(v) > 9 and v[9] else "") + ("o" if ordered(v) else ""))
     return "gemv64" if v == ("gemv",) else "t{}r{}s{}p{}".format(*v)
 
 

@@ -59,7 +59,7 @@ class TileKnobs:
     # tiles), their fp32 partials summed by a second launch; 0: those tiles run whole, a wave of their own
     tail: int = 0
     # wgmma gemm_k on the per-tile grid, groups of up to 8: the tiles are of tokens ordered by mask pattern
-    # (schedules/token_order.py, a launch in front), so a tile's tokens share the groups they skip (1); 0: in order
+    # (schedules/token_order.py, two launches in front), so a tile's tokens share the groups they skip (1); 0: in order
     order: int = 0
 
     def name(self) -> str:

@@ -4,7 +4,8 @@ A gemm_k tile of BT tokens runs every group one of its tokens runs. In token ord
 tokens use all 8 of O's head groups: the kernel does the dense work. Ordered by pattern, neighbours share groups:
 a tile holds a few patterns, and the groups none of them runs are skipped. The patterns go in Gray-code order
 (neighbouring patterns differ in one group), which on 4096 tokens of 8 groups at 50 % random masks leaves 128-token
-tiles running 75 % of the groups (token order: 100 %; plain binary order: 80 %), and 65 % under skewed masks.
+tiles running 75 % of the groups (token order: 100 %; plain binary order: 79 %), and 66 % under skewed masks
+(docs/results/experiment_pattern_order_model.py).
 
 One block (WARPS warps) sorts all n tokens: a stable counting sort over the 2^G patterns. Warp w takes tokens
 w L .. (w + 1) L - 1 in chunks of 32, ROUND chunks' mask rows loaded at once; lanes with the same pattern find each

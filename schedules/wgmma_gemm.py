@@ -1393,7 +1393,7 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
         # [splits, n, N] fp32 partials (one element, unused, when one block does a tile's whole K)
         ws = T.alloc_buffer((T.Select(splits(n) > 1, T.Cast("int64", splits(n)) * n * N, T.int64(1)),), "float32",
                             scope="global")
-        if ordered:  # the tokens in mask-pattern order, and the mask in that order: a launch in front
+        if ordered:  # the tokens in mask-pattern order, and the mask in that order: two launches in front
             perm = T.alloc_buffer((n,), "int32", scope="global")
             smask = T.alloc_buffer((n, G), "int32", scope="global")
             place = T.alloc_buffer((n,), "int32", scope="global")

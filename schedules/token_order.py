@@ -14,9 +14,10 @@ shared-memory atomic: only counts, and a chunk's adds go after the chunk before'
 same each run). A second launch, a thread a token, writes the order and the mask in it (one SM's L1 serving those
 scattered 4-byte stores and the mask's 4-byte loads made the first form of this sort take 49 us for 4096 tokens on
 the H200; now 6.3 / 6.6 / 8.1 / 12 us for 513 / 1024 / 2048 / 4096 tokens, then 3.3 us).
-Warp 0's scan shuffles over the whole warp (0xFFFFFFFF), not __activemask(), which names only the lanes that have
-arrived: with it 5 of 14 benchmark runs on the H200 crashed (a wrong pattern start sends the scatter out of
-bounds, the likely cause), with the whole warp 5 of 5 ran clean (not yet through tools/gpu_check.py).
+Warp 0's scan shuffles over the whole warp (0xFFFFFFFF). The crashes of the first ordered O builds in back-to-back
+calls on the H200 were not this sort's: alone, 24000 sorts at 1536-9000 tokens all matched host_order, while the GEMM
+after it waited on TMA mbarriers that one thread had initialised without a block barrier before the others' first
+wait (schedules/wgmma_gemm.py, fixed; docs/performance.md, 2026-12-04, ninth session).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def host_order(mask):
     import numpy as np
 
     mask = np.asarray(mask) != 0
+    if not order_groups_ok(mask.shape[1]):
+        raise ValueError(f"tokens of {mask.shape[1]} groups cannot be ordered by mask pattern (1 .. {MAX_GROUPS} groups)")
     key = (mask * (1 << np.arange(mask.shape[1] - 1, -1, -1))).sum(1)
     shift = 1
     while shift < mask.shape[1]:  # inverse Gray code, as the kernel's

@@ -58,7 +58,7 @@ tokens 3-11 %, gate/up g128 at 160-4096 2-5 %, g32 1-2 %); swapped and persisten
   (schedules/token_order.py: two launches in front), so a tile's tokens share the groups they skip. Under random
   50 % masks a 128-token tile of 4096 tokens in token order runs all 8 of O's groups, ordered about 6; on the
   H200 the GEMM of O at 4096 tokens takes 174 instead of 238 us, 191 with the two launches (docs/performance.md,
-  2026-12-04, eighth session; not in the tuning spaces yet, see wide_tvm/bench/workloads.py ORDER_VARIANTS).
+  2026-12-04, eighth and ninth sessions).
 * gemm_mn's per-tile grid past SORT_TOKENS, knob `tail` (`_tail_pass`): where the tiles past the whole waves would
   fill at most half a wave, each is split in K over up to `tail` blocks (helper blocks past the grid's tiles), their
   fp32 partials summed in a fixed order by a second launch (`_sum_tail`).
@@ -1140,10 +1140,14 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
     def nn(n):
         return T.Cast("int32", n)
 
+    def tile_row(bt, c, ct, n):
+        """Row of copier ct's copy c in token tile bt, clamped into the tokens (ordered tiles: a place in the order)."""
+        return T.min(bt * BT + (c * COPIERS + ct) // 8, nn(n) - 1)
+
     def a_row(pre, tok, bt, c, ct, n):
         """The token of copier ct's copy c in token tile bt: its register (ordered tiles, from entry `tok` of pre)
-        or the tile's row, clamped into the tokens."""
-        return pre[tok + c] if ordered else T.min(bt * BT + (c * COPIERS + ct) // 8, nn(n) - 1)
+        or the tile's row."""
+        return pre[tok + c] if ordered else tile_row(bt, c, ct, n)
 
     if gs % KSTEP == 0:  # a listed group is SPG whole K steps
         SPG = gs // KSTEP
@@ -1169,7 +1173,7 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
         def copy_a(xs, base, slot, a, sused, step, bt, c, ct, n):
             T.ptx["cp.async.cg.shared.global"](
                 _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
-                a.ptr_to([T.min(bt * BT + (c * COPIERS + ct) // 8, nn(n) - 1), k0(sused, step) + ct % 8 * 8]),
+                a.ptr_to([tile_row(bt, c, ct, n), k0(sused, step) + ct % 8 * 8]),
                 16, T.Select(token_runs(sused, BITS, G, step // SPG, (c * COPIERS + ct) // 8) != 0,
                              T.uint32(16), T.uint32(0)))
 
@@ -1217,7 +1221,7 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
         def copy_a(xs, base, slot, a, sused, step, bt, c, ct, n):
             T.ptx["cp.async.cg.shared.global"](
                 _ring_ptr(xs, base, slot * STAGE, c, COPIERS, ct),
-                a.ptr_to([T.min(bt * BT + (c * COPIERS + ct) // 8, nn(n) - 1), unit_k(sused, step, ct)]),
+                a.ptr_to([tile_row(bt, c, ct, n), unit_k(sused, step, ct)]),
                 16, T.Select(listed(step, ct) < sused[G]
                              and token_runs(sused, BITS, G, T.min(listed(step, ct), sused[G] - 1),
                                             (c * COPIERS + ct) // 8) != 0, T.uint32(16), T.uint32(0)))
@@ -1343,13 +1347,17 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                             for i in T.unroll(S):
                                 T.ptx["mbarrier.init.shared::cta.b64"](tbar.ptr_to([i]), 1)  # the TMA thread's arrive
                             T.ptx["fence.mbarrier_init.release.cluster"]()  # ... before the TMA unit completes on them
+                        # ... and before any other thread waits on them (step 0's wait comes before the K loop's
+                        # first block barrier). Without this barrier, the O projection over ordered tokens crashed
+                        # ("unspecified launch failure") within 2000 back-to-back calls on the H200, and with it
+                        # ran 30000 clean (docs/performance.md, 2026-12-04, ninth session)
+                        T.tvm_storage_sync("shared")
                     if ahead:
                         # lookahead's list entries (ordered tiles: then the tokens of this copier's rows)
                         pre = T.decl_buffer((PRE + CA if ordered else PRE,), "int32", scope="local")
                         if ordered:
                             for c in T.unroll(CA):
-                                pre[PRE + c] = perm[T.min(bt * BT + (c * COPIERS + tid - ring.copier0) // 8,
-                                                          nn(n) - 1)]
+                                pre[PRE + c] = perm[tile_row(bt, c, tid - ring.copier0, n)]
                         run(xs, base, desc, acc, nst[0], tid, a, w, tbar, sused, pre, first, bt, sp[2],
                             tid - ring.copier0, n)
                     else:  # (kernels without lookahead read the list where they use it)

@@ -119,3 +119,47 @@ def test_gemm_mn_never_touches_skipped_work():
                   groups * gs, "float32")
     assert np.all(np.isfinite(out))
     assert np.all(out[:, gs:2 * gs] == 0) and np.all(out[4] == 0)
+
+
+@pytest.mark.parametrize("kind,swiglu", [("gemm_mn", True), ("gemm_mn", False), ("gemm_k", False)])
+def test_benchmark_torch_reference_matches_numpy(kind, swiglu):
+    """The benchmark's and tools/stress_bench_kernel.py's torch reference (W as [n * weights, k], gate rows first)
+    agrees with the NumPy references the kernel tests use, on random inputs and masks (odd token count, one
+    all-skipped token, one all-active)."""
+    import torch
+
+    from wide_tvm.bench.measure import torch_reference
+    from wide_tvm.bench.workloads import Workload
+
+    rng = np.random.default_rng(7)
+    w = Workload("w", kind, 3, 8, 16, swiglu=swiglu)
+    x = rng.standard_normal((7, w.k)).astype(np.float32)
+    wcat = rng.standard_normal((w.n * w.weights, w.k)).astype(np.float32)
+    mask = make_mask("random", 7, 3, rng, 0.5)
+    mask[0], mask[1] = 0, 1
+    got = torch_reference(w, torch.from_numpy(x), torch.from_numpy(wcat), torch.from_numpy(mask)).numpy()
+    if kind == "gemm_mn":
+        ref = ref_gemm_mn(x, wcat[:w.n], wcat[w.n:] if swiglu else None, mask, w.group_size, "nk", swiglu)
+    else:
+        ref = ref_gemm_k(x, wcat, mask, w.group_size, "nk")
+    assert rel_err(got, ref) < 1e-5
+    if kind == "gemm_mn":
+        assert not got[0].any()  # a token that skips every group: zeros
+
+
+def test_stress_tool_reports_a_run_that_dies(tmp_path):
+    """tools/stress_bench_kernel.py runs each (tokens, mask) in a child process and turns a child that dies (here:
+    a folder without a benchmark build) into a failed run with its error, in its JSON and exit status."""
+    import importlib.util
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "tools", "stress_bench_kernel.py")
+    spec = importlib.util.spec_from_file_location("stress_bench_kernel", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    out = tmp_path / "stress.json"
+    assert tool.main([str(tmp_path), "o_proj_h4", "--tokens", "9", "--masks", "random", "--calls", "1",
+                      "--json", str(out)]) == 1
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["tokens"] == 9 and "bench.json" in run["crashed"] and "exit status 1" in run["crashed"]

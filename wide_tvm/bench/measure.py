@@ -257,21 +257,28 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
     return result
 
 
+def torch_reference(w: Workload, x, wcat, mask):
+    """float32 torch reference of `w` on x [M, k], W [n * weights, k] (gate rows, then up rows) and mask [M, groups]
+    (any torch device)."""
+    import torch
+
+    wcat = wcat.float()
+    expand = torch.repeat_interleave(mask.float(), w.group_size, dim=1)
+    if w.kind == "gemm_mn":
+        h = x.float() @ wcat.t()
+        if w.swiglu:
+            h = torch.nn.functional.silu(h[:, :w.n]) * h[:, w.n:]
+        return h * expand
+    return (x.float() * expand) @ wcat.t()
+
+
 def _check(w: Workload, x, wts, mask, out, call) -> float:
     """Relative error of our output against a float32 torch reference on the same weights."""
     import torch
 
     call(wts)
     torch.cuda.synchronize()
-    wcat = wts[0].float()
-    expand = torch.repeat_interleave(mask.float(), w.group_size, dim=1)
-    if w.kind == "gemm_mn":
-        h = x.float() @ wcat.t()
-        if w.swiglu:
-            h = torch.nn.functional.silu(h[:, :w.n]) * h[:, w.n:]
-        ref = h * expand
-    else:
-        ref = (x.float() * expand) @ wcat.t()
+    ref = torch_reference(w, x, wts[0], mask)
     scale = ref.abs().max().item()
     return float((out.float() - ref).abs().max().item() / scale) if scale > 0 else float(out.abs().max().item())
 

@@ -154,12 +154,12 @@ TAIL_VARIANTS = (("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8), ("wgmma", 128, 4, 4, 1,
 WGMMA_VARIANTS += TAIL_VARIANTS
 # gemm_k of at most 8 groups (O's head groups) past 512 tokens over tokens ordered by mask pattern (knob order, the
 # eleventh entry): two launches in front sort the tokens so that a tile's tokens share the groups they skip
-# (schedules/token_order.py). Not in the tuning spaces yet: the form measured on the H200 (O at 4096 tokens 231 ->
-# 191 us) crashed in 5 of 14 benchmark runs (a warp scan's shuffle over __activemask()), its fix ran 5 runs clean
-# but is not yet through tools/gpu_check.py (docs/performance.md, 2026-12-04, eighth session). Once it is:
-# WGMMA_VARIANTS += ORDER_VARIANTS, and time them into the > 512 bucket (tools/measure_knobs.py)
+# (schedules/token_order.py); on the H200 O at 4096 tokens 231 -> 191 us (docs/performance.md, 2026-12-04, eighth
+# session). In the spaces since its kernels' TMA mbarriers are initialised behind a block barrier (the form without
+# it crashed back to back; ninth session)
 ORDER_VARIANTS = (("wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 1), ("wgmma", 128, 2, 6, 1, 0, 0, 0, 0, 0, 1),
                   ("wgmma", 64, 4, 5, 1, 0, 0, 0, 0, 0, 1))
+WGMMA_VARIANTS += ORDER_VARIANTS
 ORDER_GROUPS = 8  # = schedules.token_order.MAX_GROUPS
 TILE_BUCKETS = (128, 512)  # = schedules.tile_gemm.TILE_BUCKETS
 TILE_SWEEP_BUCKETS = tuple(f"tiles{b}" for b in TILE_BUCKETS) + ("tiles",)  # their names in a sweep's picks

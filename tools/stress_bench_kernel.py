@@ -37,9 +37,7 @@ def stress_one(build_dir: str, name: str, tokens: int, kind: str, calls: int, sp
 
     from wide_tvm.bench import measure
     from wide_tvm.bench.workloads import Workload
-    from wide_tvm.kernel_reference import make_mask
     from wide_tvm.runtime import _ensure_cuda_runtime
-    from wide_tvm.weight_layout import pack
 
     spec_path = os.path.join(build_dir, "bench.json")
     if not os.path.exists(spec_path):
@@ -53,17 +51,17 @@ def stress_one(build_dir: str, name: str, tokens: int, kind: str, calls: int, sp
         raise SystemExit(f"error: {spec_path} has no workload {name!r} "
                          f"(it has {', '.join(v['name'] for v in spec['workloads'])})")
     w = found[0]
-    kernel = tvm.runtime.load_module(os.path.join(build_dir, "ours.so"))[w.kernel]
-    rng = np.random.default_rng(seed)
-    masks = [torch.from_numpy(make_mask(kind, tokens, w.groups, rng, sparsity)).cuda() for _ in range(MASK_DRAWS)]
-    wcat = (torch.randn(w.n * w.weights, w.k, device="cuda") / w.k ** 0.5).half()
-    layout = spec.get("layouts", {}).get(w.name, "nk")
-    wts = (wcat, [tv(pack(v, layout)) for v in (wcat[:w.n], wcat[w.n:] if w.swiglu else wcat)], None)
+    ours = tvm.runtime.load_module(os.path.join(build_dir, "ours.so"))
+    kernel, reorder = ours[w.kernel], ours[w.reorder]
+    masks = [torch.from_numpy(m).cuda()
+             for m in measure.mask_pool(kind, tokens, w.groups, np.random.default_rng(seed), sparsity, MASK_DRAWS)]
+    # one weight set (the benchmark's rotating sets with an L2 size of 0: W [n * weights, k] and ours packed)
+    wts = measure._rotating_weights(w, 0, tv, spec.get("layouts", {}).get(w.name, "nk"))()
+    wcat = wts[0]
     x = torch.randn(tokens, w.k, device="cuda").half()
     refs = [measure.torch_reference(w, x, wcat, m) for m in masks]
     scales = [r.abs().max().clamp_min(1e-30) for r in refs]
     r_args = [measure._reorder_args(w, m, tv) for m in masks]
-    reorder = tvm.runtime.load_module(os.path.join(build_dir, "ours.so"))[w.reorder]
     out = torch.empty(tokens, w.n, dtype=torch.float16, device="cuda")
     flush = measure.l2_flush_buffer() if "flush" in between else None
     worst = torch.zeros((), device="cuda")

@@ -16,7 +16,7 @@ import os
 import subprocess
 
 # The kernel modules each space's kernels are built from: a record timed on other code than today's is stale
-SPACE_SOURCES = {"cpu": ("gemm_mn", "gemm_k", "tiles", "weights", "dispatch"),
+SPACE_SOURCES = {"cpu": ("gemm_mn", "gemm_k", "cpu_gemm", "tiles", "weights", "dispatch"),
                  "decode": ("gemm_mn", "gemm_k", "gemv", "weights", "dispatch"),
                  "tile": ("gemm_mn", "gemm_k", "gemv", "tile_gemm", "wgmma_gemm", "mask_reorder", "token_order",
                           "weights", "dispatch")}

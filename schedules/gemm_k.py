@@ -16,9 +16,10 @@ from tvm.script import tirx as T
 from ..weight_layout import stored_shape
 from .gemv import (DEFAULT_DECODE, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, direct_bound, gemv_k_body, supports_k,
                    tensor_core_kernels)
+from . import cpu_gemm
 from .tile_gemm import DEFAULT_TILES, many_token_kernels, tile_k_body
 from .wgmma_gemm import wgmma_k_body
-from .tiles import TileConfig, cpu_kernels, tile_config, tile_dims
+from .tiles import TileConfig, cpu_default_tile, cpu_kernels, tile_config, tile_dims
 from .weights import check_layout, weight_loader
 
 
@@ -84,86 +85,9 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
                 tiled(a, w, mask, used, out, n)
 
 
-    def cpu_body(tile: TileConfig):
-        """The CPU kernel for one token bucket's tile: (a, w, mask, counts, order, used, out, n)."""
-        BM, BN = tile_dims(tile, N, "the output width")
-        tile_any = tile_active(BM)
-
-        V = 16 if gs % 16 == 0 else (8 if gs % 8 == 0 else 1)  # K lanes of the row-dot partial sums (nk layout)
-
-        def tok(tile, r):
-            return tile // (N // BN) * BM + r
-
-        def ncol(tile, c):
-            return tile % (N // BN) * BN + c
-
-        @T.macro
-        def cpu_nk(a, w, mask, counts, order, used, out, n):
-            # one task: BM tokens x BN weight rows; each row streams only the K-slices of the used groups
-            for tile in T.parallel((n + BM - 1) // BM * (N // BN)):
-                acc = T.decl_buffer((BM, V), "float32", scope="local")
-                flag = T.decl_buffer((1,), "int32", scope="local")
-                tot = T.decl_buffer((1,), "float32", scope="local")
-                for c in range(BN):
-                    for r in range(BM):
-                        for v in T.vectorized(V):
-                            acc[r, v] = T.float32(0)
-                    for j in range(used[G]):
-                        tile_any(mask, tok(tile, 0), used[j], n, flag)
-                        if flag[0] != 0:
-                            for k0 in range(gs // V):
-                                for r in range(BM):
-                                    if tok(tile, r) < n:
-                                        if mask[tok(tile, r), used[j]] != 0:
-                                            for v in T.vectorized(V):
-                                                acc[r, v] = acc[r, v] + T.Cast(
-                                                    "float32", a[tok(tile, r), used[j] * gs + k0 * V + v]) * \
-                                                    T.Cast("float32", w[ncol(tile, c), used[j] * gs + k0 * V + v])
-                    for r in range(BM):
-                        if tok(tile, r) < n:
-                            tot[0] = T.float32(0)
-                            for v in range(V):
-                                tot[0] = tot[0] + acc[r, v]
-                            out[tok(tile, r), ncol(tile, c)] = T.Cast(dtype, tot[0])
-
-        @T.macro
-        def cpu_kn(a, w, mask, counts, order, used, out, n):
-            # one task: BN output columns for every token. Groups are visited in `used` order; while one group's
-            # gs x BN weight block stays in cache, only its active tokens (the reorder's order[g, :count])
-            # accumulate into their fp32 rows, so skipped (token, group) pairs cost nothing: the work is the
-            # active pairs, not the tiles that hold one. Fixed group and token order: deterministic.
-            for task in T.parallel(N // BN):
-                acc = T.decl_buffer((n, BN), "float32")
-                row = T.decl_buffer((BN,), "float32", scope="local")
-                tg = T.decl_buffer((2,), "int32", scope="local")  # group, token
-                for t in range(n):
-                    for c in T.vectorized(BN):
-                        acc[t, c] = T.float32(0)
-                for j in range(used[G]):
-                    tg[0] = used[j]
-                    if j + 1 < used[G]:  # the next group's gs x BN block: its rows are N apart, beyond the
-                        for k in range(gs):  # hardware prefetchers, so fetch it while this group computes
-                            for c0 in range((BN + 15) // 16):
-                                T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(
-                                    w[used[j + 1] * gs + k, task * BN + c0 * 16]), 0, 2, 1))
-                    for i in range(counts[tg[0]]):
-                        tg[1] = order[tg[0], i]
-                        for c in T.vectorized(BN):
-                            row[c] = acc[tg[1], c]
-                        for k in range(gs):
-                            for c in T.vectorized(BN):
-                                row[c] = row[c] + T.Cast("float32", a[tg[1], tg[0] * gs + k]) * \
-                                    T.Cast("float32", load_w(w, tg[0] * gs + k, task * BN + c))
-                        for c in T.vectorized(BN):
-                            acc[tg[1], c] = row[c]
-                for t in range(n):
-                    for c in T.vectorized(BN):
-                        out[t, task * BN + c] = T.Cast(dtype, acc[t, c])
-
-        return cpu_nk if w_layout == "nk" else cpu_kn
-
     if target_kind != "cuda":
-        run_cpu = cpu_kernels(cpu_tile, tile_config(target_kind, N), cpu_body)
+        run_cpu = cpu_kernels(cpu_tile, cpu_default_tile(False, N),
+                              lambda tile: cpu_gemm.k_body(G, gs, N, dtype, w_layout, tile))
 
         @T.macro
         def dispatch(a, w, mask, counts, order, used, out, n):

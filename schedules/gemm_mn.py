@@ -14,9 +14,10 @@ from tvm.script import tirx as T
 from ..weight_layout import stored_shape
 from .gemv import (DEFAULT_DECODE, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, direct_bound, gemv_mn_body,
                    supports_mn, tensor_core_kernels)
+from . import cpu_gemm
 from .tile_gemm import DEFAULT_TILES, many_token_kernels, tile_mn_body
 from .wgmma_gemm import wgmma_mn_body
-from .tiles import TileConfig, cpu_kernels, tile_config, tile_dims
+from .tiles import TileConfig, cpu_default_tile, cpu_kernels, tile_config, tile_dims
 from .weights import check_layout, weight_loader
 
 
@@ -84,93 +85,9 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
                 tiled(x, wg, wu, mask, counts, order, used, out, n)
 
 
-    def cpu_body(tile: TileConfig):
-        """The CPU kernel for one token bucket's tile: (x, wg, wu, counts, order, out, n)."""
-        BM, BN = tile_dims(tile, gs, "the group size")
-        n_col_tiles = gs // BN
-
-        def n_tiles(n):
-            return (n + BM - 1) // BM
-
-        V = 16 if K % 16 == 0 else (8 if K % 8 == 0 else 1)  # K lanes of the row-dot partial sums (nk layout)
-
-        def grp(task, n):
-            return task // n_col_tiles // n_tiles(n)
-
-        def row(task, n, r):
-            """Sorted slot of row r of this task's token tile."""
-            return task // n_col_tiles % n_tiles(n) * BM + r
-
-        def col(task, n, c):
-            return grp(task, n) * gs + task % n_col_tiles * BN + c
-
-        @T.macro
-        def cpu_nk(x, wg, wu, counts, order, out, n):
-            # one task: BM sorted tokens of one group x BN weight rows; each row is streamed once for the tile,
-            # V-wide partial sums per token, reduced in a fixed order at the end
-            for task in T.parallel(G * n_tiles(n) * n_col_tiles):
-                acc = T.decl_buffer((2, BM, V), "float32", scope="local")
-                tot = T.decl_buffer((2,), "float32", scope="local")
-                for c in range(BN):
-                    if row(task, n, 0) < T.Cast("int64", counts[grp(task, n)]):
-                        for h, r in T.grid(2, BM):
-                            for v in T.vectorized(V):
-                                acc[h, r, v] = T.float32(0)
-                        for k0 in range(K // V):
-                            for r in range(BM):
-                                if row(task, n, r) < T.Cast("int64", counts[grp(task, n)]):
-                                    for v in T.vectorized(V):
-                                        acc[0, r, v] = acc[0, r, v] + T.Cast(
-                                            "float32", x[order[grp(task, n), row(task, n, r)], k0 * V + v]) * \
-                                            T.Cast("float32", wg[col(task, n, c), k0 * V + v])
-                                    if swiglu:
-                                        for v in T.vectorized(V):
-                                            acc[1, r, v] = acc[1, r, v] + T.Cast(
-                                                "float32", x[order[grp(task, n), row(task, n, r)], k0 * V + v]) * \
-                                                T.Cast("float32", wu[col(task, n, c), k0 * V + v])
-                    for r in range(BM):
-                        if row(task, n, r) < n:
-                            if row(task, n, r) < T.Cast("int64", counts[grp(task, n)]):
-                                for h in range(2):
-                                    tot[h] = T.float32(0)
-                                    for v in range(V):
-                                        tot[h] = tot[h] + acc[h, r, v]
-                                out[order[grp(task, n), row(task, n, r)], col(task, n, c)] = T.Cast(
-                                    dtype, (tot[0] * T.sigmoid(tot[0]) * tot[1]) if swiglu else tot[0])
-                            else:
-                                out[order[grp(task, n), row(task, n, r)], col(task, n, c)] = T.Cast(dtype, 0)
-
-        @T.macro
-        def cpu_kn(x, wg, wu, counts, order, out, n):
-            # one task: BM sorted tokens of one group x BN output columns, accumulated in a BM x BN register tile
-            for task in T.parallel(G * n_tiles(n) * n_col_tiles):
-                acc = T.decl_buffer((2, BM, BN), "float32", scope="local")
-                for h, r in T.grid(2, BM):
-                    for c in T.vectorized(BN):
-                        acc[h, r, c] = T.float32(0)
-                if row(task, n, 0) < T.Cast("int64", counts[grp(task, n)]):
-                    for k in range(K):
-                        for r in range(BM):
-                            if row(task, n, r) < T.Cast("int64", counts[grp(task, n)]):
-                                for c in T.vectorized(BN):
-                                    acc[0, r, c] = acc[0, r, c] + T.Cast("float32", x[order[grp(task, n), row(
-                                        task, n, r)], k]) * T.Cast("float32", load_w(wg, k, col(task, n, c)))
-                                if swiglu:
-                                    for c in T.vectorized(BN):
-                                        acc[1, r, c] = acc[1, r, c] + T.Cast("float32", x[order[grp(task, n), row(
-                                            task, n, r)], k]) * T.Cast("float32", load_w(wu, k, col(task, n, c)))
-                for r in range(BM):
-                    if row(task, n, r) < n:
-                        for c in T.vectorized(BN):
-                            out[order[grp(task, n), row(task, n, r)], col(task, n, c)] = T.Select(
-                                row(task, n, r) < T.Cast("int64", counts[grp(task, n)]),
-                                T.Cast(dtype, (acc[0, r, c] * T.sigmoid(acc[0, r, c]) * acc[1, r, c]) if swiglu
-                                       else acc[0, r, c]), T.Cast(dtype, 0))
-
-        return cpu_nk if w_layout == "nk" else cpu_kn
-
     if target_kind != "cuda":
-        run_cpu = cpu_kernels(cpu_tile, tile_config(target_kind, gs), cpu_body)
+        run_cpu = cpu_kernels(cpu_tile, cpu_default_tile(w_layout == "nk", gs),
+                              lambda tile: cpu_gemm.mn_body(G, gs, K, swiglu, dtype, w_layout, tile))
 
         @T.macro
         def dispatch(x, wg, wu, mask, counts, order, used, out, n):

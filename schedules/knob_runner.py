@@ -20,7 +20,8 @@ CHECK_TOKENS = 8  # output rows (tokens) the runner checks against NumPy after t
 CHECK_TOLERANCE = 2e-2  # max |out - ref| / max |ref| a candidate may reach (fp16 kernels: ~3e-4)
 REORDER = "reorder"  # a candidate module's mask reorder, when a model runs one in front of the kernel
 # Each many-token bucket (timed at TILE_TOKENS: <= 128, <= 512 tokens, and more at 4096) is also timed at smaller
-# counts in it, a candidate's time being the mean over all: a bucket's pick serves every count in it. gate/up g32's
+# counts in it, a candidate's time being the mean over the counts of each count's median
+# (knob_tuning.record_seconds): a bucket's pick serves every count in it. gate/up g32's
 # pick timed at 128 tokens alone ran 88 us at 33-65 tokens where the runner-up ran 72-74; past 512 tokens the
 # candidates differ in how they fill the last wave (split tail, stream-K), which one draw at one count decides by
 # its luck (Q at 4096: 264 tiles, two full waves), so that bucket is timed at four (docs/performance.md)

@@ -32,8 +32,9 @@ from .root_block import with_root_block
 from .tile_gemm import DEFAULT_TILES, TILE_BUCKETS, tile_knob
 from .tiles import CPU_BUCKETS, TileConfig
 
-CPU_BM = (1, 4, 8)  # sorted tokens per CPU tile
-CPU_BN = (8, 32, 64, 256)  # columns (gemm_mn) or rows (gemm_k) per CPU task
+CPU_BM = (1, 2, 3, 4, 6, 8)  # tokens of a CPU kernel's register tile
+CPU_ROWS = (1, 2, 4)  # gemm_mn over [N, K] weights: weight rows of the register tile (a task: that many columns)
+CPU_BN = (16, 32, 64, 128)  # gemm_k over [K, N] weights: output columns of a task (its register tile's width)
 CPU_TOKENS = (1, 16, 64)  # token count each CPU bucket (<= 1, <= 16, more) is timed at
 TILE_TOKENS = (128, 512, 4096)  # ... each CUDA many-token bucket (<= 128, <= 512, more)
 KNOB = "wide.knob."  # root-block annotation prefix: wide.knob.<name> = index of the sampled candidate
@@ -96,11 +97,17 @@ class KnobTask:
         """What a CPU tile's bn must divide: the group size (gemm_mn columns) or N (gemm_k's [K, N] rows)."""
         return self.group_size if self.kind != "gemm_k" else self.dim
 
+    @property
+    def cpu_register_rows(self) -> bool:
+        """Whether a CPU tile's bn counts weight rows of a register tile (gemm_mn over [N, K] weights)."""
+        return self.kind != "gemm_k" and self.layout == "nk"
+
     def choices(self) -> dict[str, tuple]:
         """Candidate values per knob (MetaSchedule samples an index into each)."""
         w = self.workload
         if self.space == "cpu":
-            return {"bm": CPU_BM, "bn": tuple(bn for bn in CPU_BN if self.cpu_width % bn == 0)}
+            widths = CPU_ROWS if self.cpu_register_rows else CPU_BN
+            return {"bm": CPU_BM, "bn": tuple(bn for bn in widths if self.cpu_width % bn == 0)}
         if self.space == "decode":
             return {k: v for k, v in DECODE_CHOICES.items() if k != "rows" or w.kind == "gemm_k"}
         # swapped-operand candidates only for the <= 128-token bucket: a tile of at most 208 tokens covers a group's
@@ -265,12 +272,12 @@ def incumbent(task: KnobTask, entry: dict | None) -> dict[str, int] | None:
     file's entry (GPU sweep imports), else the kernel's default; None when those are not in the task's space."""
     from .gemv import decode_knobs
     from .tile_gemm import tile_knobs
-    from .tiles import cpu_tiles, tile_config, tiles_from_log
+    from .tiles import cpu_default_tile, cpu_tiles, tiles_from_log
 
     entry = entry or {}
     if task.space == "cpu":
         tiles = tiles_from_log(entry["cpu"]) if "cpu" in entry else None
-        tile = cpu_tiles(tiles, tile_config("llvm", task.cpu_width))[task.bucket]
+        tile = cpu_tiles(tiles, cpu_default_tile(task.cpu_register_rows, task.cpu_width))[task.bucket]
         return decisions_of(task, {"bm": tile.bm, "bn": tile.bn})
     if task.space == "decode":
         knob = (decode_knobs(entry["decode"]) if "decode" in entry else DEFAULT_DECODE)[task.bucket]

@@ -26,8 +26,15 @@ def tile_config(target_kind: str, columns: int) -> TileConfig:
         bn = math.gcd(columns, 32) if columns % 32 else 32
         return TileConfig(bm=max(1, 256 // max(bn, 1)) if bn < 16 else 16, bn=bn)
     if target_kind == "llvm":
-        return TileConfig(bm=8, bn=_largest_divisor(columns, 64))
+        return cpu_default_tile(False, columns)
     raise ValueError(f"no tile configuration for target kind {target_kind!r}")
+
+
+def cpu_default_tile(register_rows: bool, columns: int) -> TileConfig:
+    """The CPU tile a kernel runs without tuned knobs. `register_rows`: gemm_mn over [N, K] weights, whose bn is
+    the weight rows of its register tile (schedules/gemm_mn.py); else bn is the columns of a task (a divisor of
+    `columns`, which is the group size or N)."""
+    return TileConfig(bm=4, bn=_largest_divisor(columns, 2 if register_rows else 32))
 
 
 CPU_BUCKETS = (1, 16)  # CPU kernels: one tile per bucket (1 token, <= 16 tokens, more), each tuned apart

@@ -11,11 +11,13 @@ prepare_cuda_aot()  # before tvm is imported anywhere, so CUDA build tests embed
 import tvm  # noqa: E402
 
 from wide_tvm.frontends.export import export_model  # noqa: E402
+from wide_tvm.targets import parse_target  # noqa: E402
 from wide_tvm.model import WideConfig, build_example, example_inputs  # noqa: E402
 
 
 def build_cpu(func):
-    return tvm.compile(func.with_attr("global_symbol", "main"), target="llvm")["main"]
+    """func compiled as wide-compile compiles for this machine's CPU (targets.parse_target: AVX where it has it)."""
+    return tvm.compile(func.with_attr("global_symbol", "main"), target=parse_target("llvm"))["main"]
 
 
 @pytest.fixture(scope="session")

@@ -88,6 +88,66 @@ def test_gemm_k(group_size, layout, dtype):
             assert np.array_equal(out, _run_k(func, a, w, mask, n_out, dtype))  # deterministic
 
 
+@pytest.mark.parametrize("swiglu", [True, False])
+def test_cpu_gemm_mn_register_tiles_over_k_chunks(swiglu, monkeypatch):
+    """The CPU gemm_mn over [N, K] weights with register tiles of 1-8 tokens x 1-4 weight rows, K split in 4
+    chunks (a small L1 budget): the partial sums kept between chunks, tails of a tile, groups no token runs."""
+    from wide_tvm.schedules import cpu_gemm
+    from wide_tvm.schedules.tiles import TileConfig
+
+    monkeypatch.setattr(cpu_gemm, "L1_CHUNK_BYTES", 4 * 16)  # a K chunk of 16 (one vector) whatever the rows
+    groups, gs, k_dim = 3, 8, 64
+    rng = np.random.default_rng(11)
+    wg, wu = ((rng.standard_normal((groups * gs, k_dim)) / 8).astype("float32") for _ in range(2))
+    for bm, bn in ((1, 1), (3, 2), (8, 4)):
+        assert cpu_gemm._k_chunk(k_dim, 16, 2 * bn if swiglu else bn) == 16
+        func = build_cpu(gemm_mn(groups, gs, k_dim, "float32", "nk", swiglu, "llvm", cpu_tile=TileConfig(bm, bn)))
+        for tokens in TOKENS:
+            for kind in MASK_KINDS:
+                x = rng.standard_normal((tokens, k_dim)).astype("float32")
+                mask = make_mask(kind, tokens, groups, rng)
+                out = _run_mn(func, x, wg, wu, mask, groups * gs, "float32")
+                ref = ref_gemm_mn(x, wg, wu, mask, gs, "nk", swiglu)
+                assert rel_err(out, ref) < 1e-5, (bm, bn, tokens, kind)
+                assert np.array_equal(out, _run_mn(func, x, wg, wu, mask, groups * gs, "float32"))
+
+
+def test_cpu_gemm_k_register_tiles():
+    """The CPU gemm_k over [K, N] weights with register tiles of 1-8 tokens x 16-64 columns (a group's block copied
+    to a contiguous buffer, tile tails repeating the last token): every mask kind, odd token counts."""
+    from wide_tvm.schedules.tiles import TileConfig
+
+    groups, gs, n_out = 5, 16, 64
+    rng = np.random.default_rng(12)
+    w = (rng.standard_normal((groups * gs, n_out)) / 8).astype("float32")
+    for bm, bn in ((1, 64), (3, 16), (8, 32)):
+        func = build_cpu(gemm_k(groups, gs, n_out, "float32", "kn", "llvm", cpu_tile=TileConfig(bm, bn)))
+        for tokens in TOKENS:
+            for kind in MASK_KINDS:
+                a = rng.standard_normal((tokens, groups * gs)).astype("float32")
+                mask = make_mask(kind, tokens, groups, rng)
+                out = _run_k(func, a, w, mask, n_out, "float32")
+                assert rel_err(out, ref_gemm_k(a, w, mask, gs, "kn")) < 1e-5, (bm, bn, tokens, kind)
+                assert np.array_equal(out, _run_k(func, a, w, mask, n_out, "float32"))
+
+
+def test_roofline_counts_the_weights_dtype():
+    """The benchmarks' roofline reads the used groups' weights at their dtype's size (fp16 on the GPU, fp32 on the
+    CPU), or is the active FLOPs at the measured throughput, whichever is longer."""
+    from wide_tvm.bench.measure import roofline_us
+    from wide_tvm.bench.workloads import Workload
+
+    mask = np.zeros((2, 4), np.int32)
+    mask[0, 1] = mask[1, 3] = 1  # 2 of 4 groups used
+    slow_memory = {"bandwidth_gbs": 1.0, "tensor_tflops": 1e6}
+    for dtype, size in (("float16", 2), ("float32", 4)):
+        w = Workload("k", "gemm_k", 4, 8, 16, dtype=dtype)  # K = 32, N = 16
+        assert roofline_us(w, 2, mask, slow_memory) == pytest.approx((2 * 8 * 16 + 2 * (32 + 16)) * size / 1e3)
+    slow_math = {"bandwidth_gbs": 1e9, "tensor_tflops": 1e-6}
+    assert roofline_us(Workload("k", "gemm_k", 4, 8, 16, dtype="float32"), 2, mask, slow_math) == \
+        pytest.approx(2 * 2 * 8 * 16 / 1e-6 * 1e-6)
+
+
 def test_gemm_k_never_touches_skipped_work():
     """NaN in every skipped activation and in the weights of a group no token uses: output stays finite."""
     groups, gs, n_out, tokens = 4, 8, 16, 13

@@ -141,10 +141,11 @@ def test_cuda_candidates_build_from_the_template():
         assert lib.implements_function(kr.REORDER) == (space == "tile")
 
 
-def _record(db, task: ks.KnobTask, decisions: dict, us: float) -> None:
+def _record(db, task: ks.KnobTask, decisions: dict, us: float | list) -> None:
     sch = ks.scheduled(task, decisions)
     wl = db.commit_workload(ks.template(task))
-    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, wl, [us * 1e-6] * 3, parse_target("llvm"),
+    secs = [t * 1e-6 for t in us] if isinstance(us, list) else [us * 1e-6] * 3
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, wl, secs, parse_target("llvm"),
                                                      ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])))
 
 
@@ -163,18 +164,38 @@ def test_database_picks_the_fastest_record_per_bucket(tmp_path):
     _record(db, k, {"bm": 1, "bn": 2}, 7.0)
     assert len(measured(db, ks.template(mn))) == 3
     entries = kernel_knobs.load(str(tmp_path))
-    assert entries[mn.key]["cpu"] == [None, {"bm": 8, "bn": 8}, None]
+    assert entries[mn.key]["cpu"] == [None, {"bm": 3, "bn": 1}, None]
     assert entries[mn.key]["database_us"] == {"cpu1": 20.0}
-    assert entries[k.key]["cpu"] == [None, None, {"bm": 4, "bn": 64}]
+    assert entries[k.key]["cpu"] == [None, None, {"bm": 2, "bn": 64}]
     state = _State("llvm", {}, None, entries)
-    assert _tuned(state, "gemm_mn_swiglu", 4, 32, 64, "float32") == {"cpu_tile": (None, TileConfig(8, 8), None)}
+    assert _tuned(state, "gemm_mn_swiglu", 4, 32, 64, "float32") == {"cpu_tile": (None, TileConfig(3, 1), None)}
     # a knob file's one-for-every-bucket entry keeps the buckets the database did not tune
     merged = database_entries(str(tmp_path), {mn.key: {"cpu": {"bm": 1, "bn": 32}}})
-    assert merged[mn.key]["cpu"] == [{"bm": 1, "bn": 32}, {"bm": 8, "bn": 8}, {"bm": 1, "bn": 32}]
+    assert merged[mn.key]["cpu"] == [{"bm": 1, "bn": 32}, {"bm": 3, "bn": 1}, {"bm": 1, "bn": 32}]
     # None buckets build with the kernel's default tile
     from wide_tvm.schedules import gemm_mn
 
-    gemm_mn(4, 32, 64, "float32", "nk", True, "llvm", cpu_tile=(None, TileConfig(8, 8), None))
+    gemm_mn(4, 32, 64, "float32", "nk", True, "llvm", cpu_tile=(None, TileConfig(3, 1), None))
+
+
+def test_one_cold_sample_cannot_decide_a_pick(tmp_path):
+    """A record's time is the mean over its timed counts of each count's median (knob_tuning.record_seconds): the
+    H200 database once picked O's <= 128-token kernel for a record whose first sample was a cold 184 us among
+    19-27 us ones. Here A is faster at both counts but has one such sample; B is slower at both."""
+    from wide_tvm.knob_tuning import best_records, record_seconds
+
+    db = open_database(str(tmp_path))
+    task = ks.KnobTask("gemm_k", 4, 64, 128, "float16", "tc", "tile", 0, wgmma=True)  # timed at 128, then 64 tokens
+    a = [184.0] + [24.2] * 19 + [19.5] * 20  # mean 30.3 us
+    b = [25.0] * 20 + [21.7] * 20  # mean 23.35 us
+    _record(db, task, {"variant": 0}, a)
+    _record(db, task, {"variant": 1}, b)
+    (secs, values), = best_records(str(tmp_path)).values()
+    assert values == {"variant": task.choices()["variant"][0]} and secs == pytest.approx((24.2 + 19.5) / 2 * 1e-6)
+    # each count's own median: a slow count is not outvoted by the other's samples
+    assert record_seconds(task, [1.0] * 20 + [3.0] * 20) == pytest.approx(2.0)
+    # samples that do not split over the counts (an older runner's) are one count
+    assert record_seconds(task, [1.0, 2.0, 9.0]) == pytest.approx(2.0)
 
 
 def test_damaged_database_names_its_folder(tmp_path):
@@ -189,9 +210,9 @@ def test_incumbent_is_what_the_kernel_runs_without_the_database():
     from wide_tvm.bench.workloads import TILE_VARIANTS
 
     cpu = ks.KnobTask("gemm_mn_swiglu", 4, 32, 64, "float32", "nk", "cpu", 1)
-    assert ks.knob_values(ks.scheduled(cpu, ks.incumbent(cpu, None)).mod) == {"bm": 8, "bn": 32}  # tile_config
-    entry = {"cpu": [{"bm": 1, "bn": 8}, {"bm": 4, "bn": 32}, None]}
-    assert ks.knob_values(ks.scheduled(cpu, ks.incumbent(cpu, entry)).mod) == {"bm": 4, "bn": 32}
+    assert ks.knob_values(ks.scheduled(cpu, ks.incumbent(cpu, None)).mod) == {"bm": 4, "bn": 2}  # cpu_default_tile
+    entry = {"cpu": [{"bm": 1, "bn": 1}, {"bm": 8, "bn": 4}, None]}
+    assert ks.knob_values(ks.scheduled(cpu, ks.incumbent(cpu, entry)).mod) == {"bm": 8, "bn": 4}
     dec = ks.KnobTask("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", "decode", 2)
     values = ks.knob_values(ks.scheduled(dec, ks.incumbent(dec, None)).mod)
     assert values == {"warps": 4, "unroll": 4, "stages": 0, "row_warps": 1, "ksplit": 1}  # GemvKnobs() defaults
@@ -251,7 +272,7 @@ def test_records_of_older_kernel_code_are_not_applied_but_re_measured_first(tmp_
     _record(db, task, {"bm": 0, "bn": 0}, 9.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # all current: no warning
-        assert kernel_knobs.load(str(tmp_path))[task.key]["cpu"] == [None, None, {"bm": 4, "bn": 64}]
+        assert kernel_knobs.load(str(tmp_path))[task.key]["cpu"] == [None, None, {"bm": 2, "bn": 64}]
     monkeypatch.setattr(ks, "code_version", lambda space: "0123456789abcdef")  # the kernels changed
     assert not ks.is_current(db.get_all_tuning_records()[0].workload.mod)
     with pytest.warns(kernel_knobs.StaleTuningWarning, match="1 tuned kernel bucket.*gemm_k/g4x32/d64/float32/cpu2"):
@@ -261,7 +282,7 @@ def test_records_of_older_kernel_code_are_not_applied_but_re_measured_first(tmp_
         with pytest.raises(kernel_knobs.StaleTuningWarning, match="gemm_k/g4x32/d64/float32/cpu2"):
             kernel_knobs.load(str(tmp_path))
     assert best_records(str(tmp_path)) == {}
-    assert best_records(str(tmp_path), current=False) == {task: (7e-6, {"bm": 4, "bn": 64})}
+    assert best_records(str(tmp_path), current=False) == {task: (pytest.approx(7e-6), {"bm": 2, "bn": 64})}
     assert "2 records were timed on older kernel code" in summary(str(tmp_path))
     assert len(measured(db, ks.template(task))) == 0
 
@@ -408,19 +429,19 @@ def test_records_keep_their_meaning_when_a_candidate_list_changes(tmp_path, monk
 
     db = open_database(str(tmp_path))
     task = ks.KnobTask("gemm_k", 4, 32, 64, "float32", "kn", "cpu", 2)
-    _record(db, task, {"bm": 1, "bn": 2}, 7.0)  # bm 4, bn 64 under today's lists
-    monkeypatch.setattr(ks, "CPU_BN", tuple(reversed(ks.CPU_BN)))  # (256, 64, 32, 8): index 2 is now bn 32
-    assert task.choices()["bn"] == (64, 32, 8)
-    assert best_records(str(tmp_path)) == {task: (pytest.approx(7e-6), {"bm": 4, "bn": 64})}
+    _record(db, task, {"bm": 1, "bn": 2}, 7.0)  # bm 2, bn 64 under today's lists
+    monkeypatch.setattr(ks, "CPU_BN", tuple(reversed(ks.CPU_BN)))  # (128, 64, 32, 16): index 2 is now bn 16
+    assert task.choices()["bn"] == (64, 32, 16)
+    assert best_records(str(tmp_path)) == {task: (pytest.approx(7e-6), {"bm": 2, "bn": 64})}
     new = ks.template(task)
     assert measured(db, new) == {ks.knob_key(ks.scheduled(task, {"bm": 1, "bn": 0}, new).mod)}
-    assert kernel_knobs.load(str(tmp_path))[task.key]["cpu"] == [None, None, {"bm": 4, "bn": 64}]
+    assert kernel_knobs.load(str(tmp_path))[task.key]["cpu"] == [None, None, {"bm": 2, "bn": 64}]
 
 
 def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path, monkeypatch):
     """tools/restamp_records.py: the kernel hashes it compares are the same for the same code and differ between
     knob values; `--jobs` splits the records by task (task_chunks); `--only` builds only the records of the tasks
-    it names; `--write` gives today's stamp to exactly
+    it names; `--sample N` only a task's first N, the others following them; `--write` gives today's stamp to exactly
     the records its report names; `package_at` lays out an importable package of a git revision."""
     import json
     import subprocess
@@ -454,6 +475,12 @@ def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path, monkeypat
     monkeypatch.setenv("WIDE_RESTAMP_ONLY", "gemm_k/g4x32/d64/float32/cpu2")
     assert restamp.collect(restamp.kernel_hashes(folder, old), "today's code") == first
     monkeypatch.delenv("WIDE_RESTAMP_ONLY")
+    monkeypatch.setenv("WIDE_RESTAMP_SAMPLE", "1")  # what --sample 1 sets: each task's first record is built
+    sampled = restamp.collect(restamp.kernel_hashes(folder, old), "today's code")
+    assert sorted(sampled) == ["0"] and sampled["0"] == first["0"]
+    assert restamp.unsampled_records(folder, sampled, {0}) == {1}  # the task's other record goes with its sample
+    assert restamp.unsampled_records(folder, sampled, set()) == set()  # ... unless the sample's kernel changed
+    monkeypatch.delenv("WIDE_RESTAMP_SAMPLE")
     monkeypatch.setenv("WIDE_RESTAMP_SET", "gemv.TILE_TAKEOVER=32")  # what --set sets: a constant today's build uses
     assert restamp.collect(restamp.kernel_hashes(folder, old), "today's code") == first  # (no CPU kernel reads it)
     monkeypatch.setenv("WIDE_RESTAMP_SET", "gemv.NO_SUCH_BOUND=32")
@@ -535,7 +562,8 @@ def test_runner_times_a_candidate_with_its_mask_reorder():
 
 def test_tile_buckets_are_timed_below_their_top_too():
     """A candidate of the <= 128 / <= 512 / more-token buckets is timed at 64 / 256 / 2048, 1536 and 1024 tokens as
-    well (argument sets at every count; its time is the mean), since its pick serves the whole bucket."""
+    well (argument sets at every count; its time is the mean of each count's median), since its pick serves the
+    whole bucket."""
     for kind, bucket, counts in (("gemm_mn_swiglu", 0, [128, 64]), ("gemm_mn", 1, [512, 256]),
                                  ("gemm_mn", 2, [4096, 2048, 1536, 1024]), ("gemm_k", 0, [128, 64]),
                                  ("gemm_k", 2, [4096, 2048, 1536, 1024])):
@@ -546,9 +574,9 @@ def test_tile_buckets_are_timed_below_their_top_too():
 
 
 def test_bucket_halves_tool_ranks_as_the_database_picks():
-    """tools/bucket_halves.py on the committed H200 database: every tile task's "pick (mean)" is the bucket's pick
-    kernel_knobs.load makes (the fastest record by mean over its counts), and its time at the bucket's timed count
-    is the largest (that count's repeats come first in a record)."""
+    """tools/bucket_halves.py on the committed H200 database: every tile task's "pick" is the bucket's pick
+    kernel_knobs.load makes (the fastest record by the mean over its counts of each count's median), and its time
+    at the bucket's timed count is the largest (that count's repeats come first in a record)."""
     import re
     import subprocess
     import sys
@@ -560,7 +588,7 @@ def test_bucket_halves_tool_ranks_as_the_database_picks():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         picks = kernel_knobs.load(folder)
-    tasks = re.findall(r"^(\S+)/tile(\d): \d+ current records\n  pick \(mean\)\s+(\(.*?\))\s+(.*)$", out, re.M)
+    tasks = re.findall(r"^(\S+)/tile(\d): \d+ current records\n  pick\s+(\(.*?\))\s+(.*)$", out, re.M)
     assert len(tasks) == 18, out  # 6 kernels x the <= 128, <= 512 and more-token buckets
     for key, bucket, knobs, times in tasks:
         assert knobs == str(tuple(picks[key]["tiles"][int(bucket)])), (key, bucket)

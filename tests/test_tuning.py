@@ -17,14 +17,15 @@ from wide_tvm.schedules import gemm_k, gemm_mn
 from wide_tvm.schedules.tiles import TileConfig
 
 
-def _check_cpu_kernels(tile, layout: str, token_counts, seed: int) -> None:
-    """Our CPU gemm_mn (SwiGLU) and gemm_k with `tile` (one TileConfig or one per CPU bucket) against NumPy."""
+def _check_cpu_kernels(tile, layout: str, token_counts, seed: int, k_tile=None) -> None:
+    """Our CPU gemm_mn (SwiGLU) and gemm_k with `tile` (one TileConfig or one per CPU bucket; gemm_k `k_tile`
+    where given: its bn counts columns, gemm_mn's over [N, K] weights its register tile's rows) against NumPy."""
     import tvm
 
     groups, gs, dim = 4, 32, 48
     rng = np.random.default_rng(seed)
     mn = build_cpu(gemm_mn(groups, gs, dim, "float32", layout, True, "llvm", cpu_tile=tile))
-    k = build_cpu(gemm_k(groups, gs, 64, "float32", layout, "llvm", cpu_tile=tile))
+    k = build_cpu(gemm_k(groups, gs, 64, "float32", layout, "llvm", cpu_tile=k_tile or tile))
     t = lambda a: tvm.runtime.tensor(np.ascontiguousarray(a))  # noqa: E731
     for tokens in token_counts:
         mask = make_mask("random", tokens, groups, rng)
@@ -42,11 +43,14 @@ def _check_cpu_kernels(tile, layout: str, token_counts, seed: int) -> None:
         assert rel_err(out.numpy(), ref_gemm_k(a, w, mask, gs, layout)) < 1e-5, tokens
 
 
-@pytest.mark.parametrize("bm,bn", [(1, 8), (4, 16), (8, 32)])
+@pytest.mark.parametrize("bm,rows,bn", [(1, 1, 16), (3, 2, 32), (8, 4, 64)])
 @pytest.mark.parametrize("layout", ["nk", "kn"])
-def test_cpu_kernels_correct_for_every_tile(bm, bn, layout):
-    """Every knob candidate the CPU tuner can pick computes the same thing (odd token counts included)."""
-    _check_cpu_kernels(TileConfig(bm, bn), layout, (1, 5, 13), seed=bm * 10 + bn)
+def test_cpu_kernels_correct_for_every_tile(bm, rows, bn, layout):
+    """The CPU tuner's kinds of candidates compute the same thing (odd token counts included): gemm_mn over [N, K]
+    weights with register tiles of `rows` weight rows, the other kernels with `bn` columns (gemm_mn's at most its
+    group size, 32)."""
+    _check_cpu_kernels(TileConfig(bm, rows if layout == "nk" else min(bn, 32)), layout, (1, 5, 13), seed=bm * 10 + bn,
+                       k_tile=TileConfig(bm, bn))
 
 
 @pytest.mark.parametrize("layout", ["nk", "kn"])
@@ -55,8 +59,10 @@ def test_cpu_kernels_take_one_tile_per_token_bucket(layout):
     with the reference; a tile list of the wrong length is refused."""
     from wide_tvm.schedules.tiles import CPU_BUCKETS
 
-    tiles = (TileConfig(1, 8), TileConfig(4, 16), TileConfig(8, 32))
-    _check_cpu_kernels(tiles, layout, (1, 2, CPU_BUCKETS[1], CPU_BUCKETS[1] + 1, 37), seed=7)
+    tiles = (TileConfig(1, 1), TileConfig(4, 2), TileConfig(8, 4)) if layout == "nk" else \
+        (TileConfig(1, 8), TileConfig(4, 16), TileConfig(8, 32))
+    _check_cpu_kernels(tiles, layout, (1, 2, CPU_BUCKETS[1], CPU_BUCKETS[1] + 1, 37), seed=7,
+                       k_tile=(TileConfig(1, 16), TileConfig(3, 32), TileConfig(8, 64)))
     with pytest.raises(ValueError, match="2 CPU tiles"):
         gemm_k(4, 32, 64, "float32", layout, "llvm", cpu_tile=tiles[:2])
 

@@ -4,8 +4,9 @@
 
 The tuning runner times each candidate of the <= 128, <= 512 and more-token buckets at the bucket's timed count
 (128, 512, 4096) and at smaller counts in it (schedules/knob_runner.py, ALSO_TIMED: 64; 256; 2048, 1536, 1024) and
-ranks them by the mean. This prints, per such task, the pick (best mean) and the best candidate at each count alone,
-each with its time at every count: where they agree, a bucket split at those counts would pick the same kernel.
+ranks them by the mean over the counts of each count's median (knob_tuning.record_seconds). This prints, per such
+task, the pick and the best candidate at each count alone, each with its median at every count: where they agree, a
+bucket split at those counts would pick the same kernel.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import contextlib
 import sys
 import warnings
 from collections import defaultdict
+
+import numpy as np
 
 
 def main() -> None:
@@ -37,7 +40,7 @@ def main() -> None:
             counts = (task.tokens, *ALSO_TIMED[task.tokens])  # each count's repeats in turn (knob_runner.alloc_args)
             each = len(secs) // len(counts)
             knobs = knob_values(replayed(rec.workload.mod, rec.trace))
-            by_task[task.name].append(([sum(secs[i * each:(i + 1) * each]) / each * 1e6 for i in range(len(counts))],
+            by_task[task.name].append(([float(np.median(secs[i * each:(i + 1) * each])) * 1e6 for i in range(len(counts))],
                                        counts, knobs.get("variant", knobs)))
     if not by_task:
         sys.exit(f"{args.folder}: no current records of a tile bucket timed at several token counts "
@@ -45,7 +48,7 @@ def main() -> None:
     for name, rows in sorted(by_task.items()):
         print(f"{name}: {len(rows)} current records")
         counts = rows[0][1]
-        for label, key in [("pick (mean)", lambda r: sum(r[0]))] + [
+        for label, key in [("pick", lambda r: sum(r[0]))] + [
                 (f"best at {m}", lambda r, i=i: r[0][i]) for i, m in enumerate(counts)]:
             times, _, knobs = min(rows, key=key)
             print(f"  {label:14s} {str(knobs):40s} " + "  ".join(f"{m}: {t:7.1f} us" for m, t in zip(counts, times)))

@@ -17,6 +17,7 @@ from wide_tvm.kernel_reference import make_mask, ref_gemm_k, ref_mask_reorder, r
 from wide_tvm.schedules import gemm_k
 from wide_tvm.schedules.tiles import TileConfig
 from wide_tvm.bench.cpu import time_call
+from wide_tvm.targets import parse_target
 
 G, GS, N = 112, 128, 4096
 
@@ -26,9 +27,10 @@ def main() -> None:
     p.add_argument("tokens", type=int, nargs="+")
     p.add_argument("--bm", type=int, default=1)
     p.add_argument("--bn", type=int, default=64)
+    p.add_argument("--target", default="llvm", help="llvm (this machine's CPU) or llvm:CPU (wide_tvm.targets)")
     args = p.parse_args()
     f = gemm_k(G, GS, N, "float32", "kn", "llvm", cpu_tile=TileConfig(args.bm, args.bn))
-    fn = tvm.compile(f.with_attr("global_symbol", "main"), target="llvm")["main"]
+    fn = tvm.compile(f.with_attr("global_symbol", "main"), target=parse_target(args.target))["main"]
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((G * GS, N)) * 0.01).astype("float32")
     wt = tvm.runtime.tensor(w)

@@ -23,12 +23,13 @@ import sys
 def points_to_time(tasks: list, records: list, top: int, variants: list[tuple]) -> list[tuple]:
     """(task, knob values) to time: per task its `top` fastest distinct records' knobs (any code version), then the
     `variants` it has, each once."""
-    from wide_tvm.knob_tuning import timed_seconds
+    from wide_tvm.knob_tuning import record_seconds, timed_seconds
     from wide_tvm.schedules.knob_space import knob_values, replayed
 
     out = []
     for task in tasks:
-        timed = sorted((sum(s) / len(s), rec) for t, rec in records if t == task and (s := timed_seconds(rec)))
+        timed = sorted(((record_seconds(task, s), rec) for t, rec in records if t == task and (s := timed_seconds(rec))),
+                       key=lambda tr: tr[0])
         chosen: list[dict] = []
         for _, rec in timed:
             if len(chosen) == top:

@@ -51,12 +51,15 @@ for pin in filter(None, os.environ.get("WIDE_RESTAMP_SET", "").split(";")):  # t
         sys.exit(f"--set {pin}: wide_tvm.schedules.{module} has no {attr}")
     setattr(target, attr, json.loads(value))
 given = json.load(open(sys.argv[3])) if len(sys.argv) > 3 else {}
-out = {}
+out, seen = {}, {}
 for i, (task, rec) in enumerate(task_records(sys.argv[1])):
     mod = rec.workload.mod
     if str(mod["main"].attrs.get("wide.code", "")) != sys.argv[2]:
         continue
     if not re.search(os.environ.get("WIDE_RESTAMP_ONLY", ""), task.name):
+        continue
+    seen[task.name] = seen.get(task.name, 0) + 1
+    if seen[task.name] > (int(os.environ.get("WIDE_RESTAMP_SAMPLE") or 0) or 10**9):  # --sample: a task's first N
         continue
     lists = None
     if mod["main"].attrs.get("wide.choices") is None:  # decisions index lists that are not stored with them
@@ -145,13 +148,15 @@ def package_versions(root: str) -> dict[str, str]:
     return dict(zip(spaces, probe))
 
 
-def compare(folder: str, since: str, jobs: int = 1, since_package: str | None = None
+def compare(folder: str, since: str, jobs: int = 1, since_package: str | None = None, sample: int = 0
             ) -> tuple[set[int], dict[str, str]]:
     """Indices (task_records order) of FOLDER's records stamped by `since`'s code whose kernel is the same today,
     and the candidate lists of `since`'s code for those records that do not store theirs: a record's decisions are
     indices into the lists it was sampled from, so today's build must decode them with those, not today's. The
     records are split by task over `jobs` pairs of builds run at once. `since_package`: a folder holding `since`'s
-    wide_tvm package (package_at's layout) instead of `git archive` (a machine without the repository)."""
+    wide_tvm package (package_at's layout) instead of `git archive` (a machine without the repository). `sample`
+    N: build only the first N records of each task; a task whose N all build the same kernel has all its records
+    count as the same (unsampled_records)."""
     from wide_tvm.schedules.code_version import code_version
 
     with tempfile.TemporaryDirectory(prefix="wide-restamp-") as tmp:
@@ -179,10 +184,36 @@ def compare(folder: str, since: str, jobs: int = 1, since_package: str | None = 
     same = {int(i) for i, r in old.items() if new[i][2] == r[2]}
     print(f"{len(old)} records stamped by {since}'s code: {len(same)} build the same kernel today, "
           f"{len(old) - len(same)} do not; {len(lists)} get their candidate lists stored")
+    if sample:
+        same |= unsampled_records(folder, old, same)
     for i, (space, *_) in sorted(old.items(), key=lambda kv: int(kv[0])):
         if int(i) not in same:
             print(f"  record {i} ({space}): its kernel changed")
     return same, {i: v for i, v in lists.items() if int(i) in same}
+
+
+def unsampled_records(folder: str, built: dict, same: set[int]) -> set[int]:
+    """Indices of the records `--sample` did not build, of tasks whose every built record kept its kernel: each
+    record stamped by a version that `built` holds records of, in a task all of whose built records are in
+    `same` (and that matches WIDE_RESTAMP_ONLY). Records whose template does not store its candidate lists are
+    left out (their decisions would need the old lists, which only a build reports)."""
+    from wide_tvm.knob_tuning import task_records
+
+    records = task_records(folder)
+    stamps = {str(records[int(i)][1].workload.mod["main"].attrs.get("wide.code", "")) for i in built}
+    tasks: dict[str, list[int]] = {}
+    for i, (task, rec) in enumerate(records):
+        main = rec.workload.mod["main"]
+        if (str(main.attrs.get("wide.code", "")) in stamps and main.attrs.get("wide.choices") is not None
+                and re.search(os.environ.get("WIDE_RESTAMP_ONLY", ""), task.name)):
+            tasks.setdefault(task.name, []).append(i)
+    extra = set()
+    for name, idx in tasks.items():
+        sampled = [i for i in idx if str(i) in built]
+        if sampled and all(i in same for i in sampled):
+            extra |= {i for i in idx if str(i) not in built}
+    print(f"--sample: {len(extra)} more records of tasks whose sampled records all kept their kernel")
+    return extra
 
 
 def main() -> int:
@@ -199,11 +230,15 @@ def main() -> int:
                    "(each pair takes two cores)")
     p.add_argument("--since-package", help="a folder with --since's wide_tvm package (package_at's layout), for a "
                    "machine without the repository")
+    p.add_argument("--sample", type=int, default=0, help="build only the first N records of each task and count "
+                   "a task's other records the same where those N are: for an edit that by its diff leaves a space's "
+                   "kernels alone (e.g. code moved out of a module the space hashes), checked on a sample")
     p.add_argument("--only", default="", help="build only the records of the tasks this regex finds (wide-tune's "
                    "task names; e.g. a kernel whose code changed knowingly, whose records are re-tuned instead)")
     args = p.parse_args()
     os.environ["WIDE_RESTAMP_ONLY"] = args.only  # read by the subprocesses that build the kernels
     os.environ["WIDE_RESTAMP_SET"] = ";".join(args.set)  # ... today's only
+    os.environ["WIDE_RESTAMP_SAMPLE"] = str(args.sample)
     if args.set and not args.since:
         p.error("--set applies to the builds of --since")
     if bool(args.since) == bool(args.from_report):
@@ -229,7 +264,7 @@ def main() -> int:
             p.error(f"{len(missing)} records of the report are not in {args.folder} (another database, or changed "
                     "since the report was written)")
     else:
-        found, found_lists = compare(args.folder, args.since, args.jobs, args.since_package)
+        found, found_lists = compare(args.folder, args.since, args.jobs, args.since_package, args.sample)
         same, lists = {keys[i] for i in found}, {keys[int(i)]: v for i, v in found_lists.items()}
         if args.report:
             with open(args.report, "w") as f:

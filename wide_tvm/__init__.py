@@ -4,7 +4,10 @@
 until it is used.
 """
 
+from .cpu_threads import use_physical_cores
 from .errors import WideError
+
+use_physical_cores()  # before TVM's CPU thread pool starts (wide_tvm/cpu_threads.py)
 
 
 def compile(model, target: str = "llvm", tuning_log: str | None = None, dense: bool = False,  # noqa: A001

@@ -22,7 +22,7 @@ import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from .schedules.knob_runner import alloc_args, build_candidate, run_evaluator
+from .schedules.knob_runner import ALSO_TIMED, alloc_args, build_candidate, run_evaluator
 from .schedules.knob_space import (KnobTask, decisions_of, entry_value, incumbent, is_current, knob_key, knob_values,
                                    replayed, scheduled, space_generator, task_of, template)
 
@@ -248,10 +248,27 @@ def timed_seconds(rec) -> list[float]:
     return secs if secs and max(secs) < 1e9 else []
 
 
+def timed_counts(task: KnobTask) -> tuple[int, ...]:
+    """The token counts a task's candidates are timed at, in the order of their samples (knob_runner.alloc_args)."""
+    return (task.tokens, *ALSO_TIMED.get(task.tokens, ()))
+
+
+def record_seconds(task: KnobTask, secs: list[float]) -> float:
+    """A record's time: the mean over its timed token counts of each count's median sample. A mean of the samples
+    let one cold sample decide a pick (O's <= 128-token bucket: a 184 us first sample among 19-27 us ones moved the
+    pick to a kernel 6.5 % slower by every median; docs/performance.md); a median per count cannot be moved by one.
+    Samples that do not split evenly over the counts (records of an older runner) are taken as one count."""
+    counts = len(timed_counts(task))
+    if counts < 1 or len(secs) % counts:
+        counts = 1
+    each = len(secs) // counts
+    return float(sum(np.median(secs[i * each:(i + 1) * each]) for i in range(counts)) / counts)
+
+
 def best_records(folder: str, records: list | None = None, current: bool = True) -> dict[KnobTask, tuple[float, dict]]:
-    """Per knob task in FOLDER's database (or `records`, task_records' list): (mean seconds, knob values) of its
-    fastest record timed on today's kernel code (`current`), or of its fastest stale one (`current=False`: knob
-    values it no longer has are left out)."""
+    """Per knob task in FOLDER's database (or `records`, task_records' list): (seconds, knob values) of its
+    fastest record (record_seconds) timed on today's kernel code (`current`), or of its fastest stale one
+    (`current=False`: knob values it no longer has are left out)."""
     best = {}
     for task, rec in task_records(folder) if records is None else records:
         if is_current(rec.workload.mod) != current:
@@ -259,13 +276,13 @@ def best_records(folder: str, records: list | None = None, current: bool = True)
         secs = timed_seconds(rec)
         if not secs:
             continue
-        mean = sum(secs) / len(secs)
-        if task not in best or mean < best[task][0]:
-            best[task] = (mean, rec)
+        time = record_seconds(task, secs)
+        if task not in best or time < best[task][0]:
+            best[task] = (time, rec)
     out = {}
-    for task, (mean, rec) in best.items():
+    for task, (time, rec) in best.items():
         try:
-            out[task] = (mean, knob_values(replayed(rec.workload.mod, rec.trace)))
+            out[task] = (time, knob_values(replayed(rec.workload.mod, rec.trace)))
         except (KeyError, IndexError):  # a stale record of knobs the space has since dropped
             continue
     return out

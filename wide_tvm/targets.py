@@ -3,6 +3,11 @@
 Hopper targets stay `sm_90` for TVM (its dlight schedules read the arch as a number and would take `sm_90a` for
 no tensor cores at all), while their device code is compiled for `sm_90a`, the arch-specific variant every
 sm_90 GPU runs, whose wgmma instructions our many-token kernels use (`hopper_device_code`).
+
+`llvm` is this machine's CPU (LLVM's name for it, e.g. `znver3`, `rocketlake`), as `-march=native` would be: a
+TVM llvm target without an `mcpu` compiles for generic x86-64, i.e. 4-wide SSE2 without FMA, and LLVM rejects
+`mcpu=native` under the conda triple this TVM reports. `llvm:CPU` compiles for another CPU (a library to deploy
+elsewhere: `llvm:x86-64-v3` runs on any AVX2 + FMA machine, `llvm:generic` on any x86-64).
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ def parse_target(spec: str):
     hopper_device_code()
     spec = spec.strip()
     try:
-        if spec == "llvm":
-            return tvm.target.Target({"kind": "llvm"})
+        if spec == "llvm" or spec.startswith("llvm:"):
+            return llvm_target(spec.partition(":")[2] or host_cpu())
         if spec == "cuda":
             return tvm.target.Target({"kind": "cuda", "arch": "sm_90", **_CUDA_LIMITS})
         match = re.fullmatch(r"cuda:(sm_\d+)a?", spec)  # sm_90a is sm_90 here: see the module docstring
@@ -35,10 +40,32 @@ def parse_target(spec: str):
             return tvm.target.Target(json.loads(spec))
         if "/" in spec:
             return tvm.target.Target(spec)
+    except WideError:
+        raise
     except Exception as err:  # noqa: BLE001 - TVM raises many types for bad targets
         raise WideError(f"unknown target {spec!r}: {str(err).strip().splitlines()[-1]}") from None
-    raise WideError(f"unknown target {spec!r}; use llvm, cuda, cuda:sm_XX, a TVM tag such as "
+    raise WideError(f"unknown target {spec!r}; use llvm, llvm:CPU, cuda, cuda:sm_XX, a TVM tag such as "
                     "nvidia/nvidia-h100, or a target JSON dict")
+
+
+def host_cpu() -> str:
+    """LLVM's name for this machine's CPU ("generic" where LLVM does not know it)."""
+    from tvm.target import codegen
+
+    return str(codegen.llvm_get_system_cpu()) or "generic"
+
+
+def llvm_target(cpu: str):
+    """The llvm target compiling for `cpu` (an LLVM CPU name), checked: TVM would fall back to generic x86-64
+    for an unknown one with only a log line."""
+    import tvm
+    from tvm.target import codegen
+
+    triple = str(codegen.llvm_get_system_triple())
+    if cpu != "generic" and not codegen.llvm_is_valid_cpu(cpu, triple):
+        raise WideError(f"unknown CPU {cpu!r} for target llvm:{cpu} (LLVM's CPU names for {triple}, e.g. "
+                        f"{host_cpu()} for this machine, x86-64-v3, znver3, or generic)")
+    return tvm.target.Target({"kind": "llvm", "mcpu": cpu})
 
 
 def target_folder(target) -> str:

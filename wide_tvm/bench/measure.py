@@ -111,7 +111,7 @@ def mask_pool(kind: str, m: int, groups: int, rng, sparsity: float, draws: int) 
 def pool_limit_us(w: Workload, m: int, masks: list[np.ndarray], limits: dict) -> float:
     """Roofline time of a row whose calls cycle through `masks`: the median of the draws' limits (as the row's
     times are medians over those calls)."""
-    return float(np.median([_limit_us(w, m, mk, limits) for mk in masks]))
+    return float(np.median([roofline_us(w, m, mk, limits) for mk in masks]))
 
 
 def used_groups(mask: np.ndarray) -> int:
@@ -166,13 +166,15 @@ def device_limits(timer) -> dict:
     return {"bandwidth_gbs": 2 * (2 << 30) / t_copy * 1e-3, "tensor_tflops": 2 * 8192 ** 3 / t_mm * 1e-6}
 
 
-def _limit_us(w: Workload, m: int, mask: np.ndarray, limits: dict) -> float:
-    """Roofline time of the gated work: used groups' weight bytes + activations, or active FLOPs."""
+def roofline_us(w: Workload, m: int, mask: np.ndarray, limits: dict) -> float:
+    """Roofline time of the gated work: used groups' weight bytes + activations, or active FLOPs (limits: the
+    device's measured bandwidth in GB/s and dense throughput in TFLOP/s; CPU: bench/cpu.py cpu_limits)."""
     counts = mask.sum(axis=0)
     used = used_groups(mask)
     other = w.k if w.kind == "gemm_mn" else w.n  # the weight dimension that is not grouped
-    w_bytes = used * w.group_size * other * 2 * w.weights
-    io_bytes = 2 * m * (w.k + w.n)
+    size = np.dtype(w.dtype).itemsize
+    w_bytes = used * w.group_size * other * size * w.weights
+    io_bytes = size * m * (w.k + w.n)
     flops = 2 * int(counts.sum()) * w.group_size * other * w.weights
     return max((w_bytes + io_bytes) / (limits["bandwidth_gbs"] * 1e3), flops / (limits["tensor_tflops"] * 1e6))
 

@@ -1,0 +1,90 @@
+"""The CPU target: code for this machine's CPU (not TVM's generic x86-64), a named CPU checked, and TVM's thread
+pool on every physical core."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tvm
+
+from wide_tvm import cpu_threads
+from wide_tvm.errors import WideError
+from wide_tvm.targets import host_cpu, parse_target
+
+
+def _vector_add():
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def add(a: T.Buffer((256,), "float32"), b: T.Buffer((256,), "float32")):
+        for i0 in range(16):
+            for i in T.vectorized(16):
+                b[i0 * 16 + i] = a[i0 * 16 + i] * T.float32(3) + b[i0 * 16 + i]
+
+    return add
+
+
+def test_llvm_is_this_cpu_and_llvm_cpu_names_another():
+    assert parse_target("llvm").attrs["mcpu"] == host_cpu()
+    assert parse_target("llvm:x86-64-v3").attrs["mcpu"] == "x86-64-v3"
+    with pytest.raises(WideError, match="unknown CPU 'banana'.*llvm:banana"):
+        parse_target("llvm:banana")
+
+
+def test_the_named_cpu_decides_the_vector_code():
+    """llvm:generic is TVM's former code (SSE2, no FMA); x86-64-v3 (any AVX2 machine) gets ymm and FMA. Both run
+    here (where this CPU has AVX2) and agree."""
+    asm = {}
+    a = np.arange(256, dtype="float32")
+    flags = set(next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")),
+                     []))
+    for cpu in ("generic", "x86-64-v3"):
+        lib = tvm.compile(_vector_add(), target=parse_target(f"llvm:{cpu}"))
+        asm[cpu] = lib.mod.inspect_source("asm")
+        if cpu != "generic" and not {"avx2", "fma"} <= flags:
+            continue  # not runnable on this machine
+        b = tvm.runtime.tensor(np.ones(256, "float32"))
+        lib["add"](tvm.runtime.tensor(a), b)
+        np.testing.assert_allclose(b.numpy(), a * 3 + 1)
+    assert "ymm" not in asm["generic"] and "vfmadd" not in asm["generic"]
+    assert "ymm" in asm["x86-64-v3"] and "vfmadd" in asm["x86-64-v3"]
+
+
+def test_thread_pool_runs_one_thread_per_physical_core(monkeypatch):
+    """wide_tvm set TVM_NUM_THREADS on import (conftest imports it before any TVM CPU kernel ran), unless the user
+    did; TVM's own default would be half the logical CPUs on x86."""
+    n = cpu_threads.physical_cores()
+    assert 1 <= n <= (os.cpu_count() or 1)
+    if os.environ.get("TVM_NUM_THREADS") == str(n):  # set by wide_tvm (the user left it unset)
+        assert tvm.get_global_func("runtime.NumThreads")() == n
+    monkeypatch.setenv("TVM_NUM_THREADS", "3")
+    cpu_threads.use_physical_cores()
+    assert os.environ["TVM_NUM_THREADS"] == "3"  # the user's setting stays
+    monkeypatch.delenv("TVM_NUM_THREADS")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    cpu_threads.use_physical_cores()
+    assert "TVM_NUM_THREADS" not in os.environ  # TVM reads OMP_NUM_THREADS itself
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    cpu_threads.use_physical_cores()
+    assert os.environ["TVM_NUM_THREADS"] == str(n)
+
+
+def test_smt_siblings_count_once(monkeypatch, tmp_path):
+    """Two logical CPUs that are one core's hyper-threads count as one core; a CPU without topology as itself."""
+    real_open = open
+
+    def fake_open(path, *args, **kwargs):
+        if str(path).endswith("topology/thread_siblings_list"):
+            cpu = int(str(path).split("/cpu")[-1].split("/")[0])
+            if cpu == 3:
+                raise OSError("no topology")
+            return real_open(tmp_path / ("a" if cpu in (0, 1) else "b"), *args, **kwargs)
+        return real_open(path, *args, **kwargs)
+
+    (tmp_path / "a").write_text("0-1\n")
+    (tmp_path / "b").write_text("2\n")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert cpu_threads.physical_cores() == 3  # {0, 1} one core, 2, and 3 (no topology)

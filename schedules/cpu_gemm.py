@@ -145,24 +145,12 @@ def mn_body(G: int, gs: int, K: int, swiglu: bool, dtype: str, w_layout: str, ti
     return cpu_nk if w_layout == "nk" else cpu_kn
 
 
-def any_active(BM: int):
-    """Macro (mask, row0, g, n, flag): flag[0] = whether any of tokens row0 .. row0 + BM - 1 runs group g."""
-
-    @T.macro
-    def run(mask, row0, g, n, flag):
-        flag[0] = 0
-        for r in range(BM):
-            if row0 + r < n:
-                flag[0] = T.max(flag[0], mask[row0 + r, g])
-
-    return run
-
-
-def k_body(G: int, gs: int, N: int, dtype: str, w_layout: str, tile: TileConfig):
-    """gemm_k's CPU kernel for one token bucket's tile: macro (a, w, mask, counts, order, used, out, n)."""
+def k_body(G: int, gs: int, N: int, dtype: str, w_layout: str, tile: TileConfig, tile_active):
+    """gemm_k's CPU kernel for one token bucket's tile: macro (a, w, mask, counts, order, used, out, n).
+    tile_active(BM): gemm_k's macro telling whether any token of a BM-token tile runs a group (the [N, K] path)."""
     load_w = weight_loader(w_layout)
     BM, BN = tile_dims(tile, N, "the output width")
-    tile_any = any_active(BM)
+    tile_any = tile_active(BM)
 
     V = 16 if gs % 16 == 0 else (8 if gs % 8 == 0 else 1)  # K lanes of the row-dot partial sums (nk layout)
 

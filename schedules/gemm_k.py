@@ -87,7 +87,7 @@ def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,
 
     if target_kind != "cuda":
         run_cpu = cpu_kernels(cpu_tile, cpu_default_tile(False, N),
-                              lambda tile: cpu_gemm.k_body(G, gs, N, dtype, w_layout, tile))
+                              lambda tile: cpu_gemm.k_body(G, gs, N, dtype, w_layout, tile, tile_active))
 
         @T.macro
         def dispatch(a, w, mask, counts, order, used, out, n):

@@ -17,8 +17,6 @@ import sys
 import warnings
 from collections import defaultdict
 
-import numpy as np
-
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -26,7 +24,7 @@ def main() -> None:
     p.add_argument("--records-of", help="count records of this git revision's kernel code as current")
     args = p.parse_args()
     warnings.simplefilter("ignore")
-    from wide_tvm.knob_tuning import task_records, timed_seconds
+    from wide_tvm.knob_tuning import count_medians, task_records, timed_counts, timed_seconds
     from wide_tvm.schedules.code_version import records_of
     from wide_tvm.schedules.knob_runner import ALSO_TIMED
     from wide_tvm.schedules.knob_space import is_current, knob_values, replayed
@@ -37,11 +35,11 @@ def main() -> None:
             secs = timed_seconds(rec)
             if task.space != "tile" or task.tokens not in ALSO_TIMED or not is_current(rec.workload.mod) or not secs:
                 continue
-            counts = (task.tokens, *ALSO_TIMED[task.tokens])  # each count's repeats in turn (knob_runner.alloc_args)
-            each = len(secs) // len(counts)
+            counts, medians = timed_counts(task), count_medians(task, secs)
+            if len(medians) != len(counts):  # an older runner's record, timed at one count
+                continue
             knobs = knob_values(replayed(rec.workload.mod, rec.trace))
-            by_task[task.name].append(([float(np.median(secs[i * each:(i + 1) * each])) * 1e6 for i in range(len(counts))],
-                                       counts, knobs.get("variant", knobs)))
+            by_task[task.name].append(([t * 1e6 for t in medians], counts, knobs.get("variant", knobs)))
     if not by_task:
         sys.exit(f"{args.folder}: no current records of a tile bucket timed at several token counts "
                  f"({', '.join(map(str, ALSO_TIMED))} and smaller ones)")

@@ -253,16 +253,23 @@ def timed_counts(task: KnobTask) -> tuple[int, ...]:
     return (task.tokens, *ALSO_TIMED.get(task.tokens, ()))
 
 
-def record_seconds(task: KnobTask, secs: list[float]) -> float:
-    """A record's time: the mean over its timed token counts of each count's median sample. A mean of the samples
-    let one cold sample decide a pick (O's <= 128-token bucket: a 184 us first sample among 19-27 us ones moved the
-    pick to a kernel 6.5 % slower by every median; docs/performance.md); a median per count cannot be moved by one.
-    Samples that do not split evenly over the counts (records of an older runner) are taken as one count."""
+def count_medians(task: KnobTask, secs: list[float]) -> list[float]:
+    """A record's median sample at each of its timed token counts (timed_counts' order); one median of all its
+    samples where they do not split evenly over the counts (records of an older runner)."""
     counts = len(timed_counts(task))
-    if counts < 1 or len(secs) % counts:
+    if len(secs) % counts:
         counts = 1
     each = len(secs) // counts
-    return float(sum(np.median(secs[i * each:(i + 1) * each]) for i in range(counts)) / counts)
+    return [float(np.median(secs[i * each:(i + 1) * each])) for i in range(counts)]
+
+
+def record_seconds(task: KnobTask, secs: list[float]) -> float:
+    """A record's time: the mean over its timed token counts of each count's median sample (count_medians). A mean
+    of the samples let one cold sample decide a pick (O's <= 128-token bucket: a 184 us first sample among 19-27 us
+    ones moved the pick to a kernel 6.5 % slower by every median; docs/performance.md); a median per count cannot
+    be moved by one."""
+    medians = count_medians(task, secs)
+    return sum(medians) / len(medians)
 
 
 def best_records(folder: str, records: list | None = None, current: bool = True) -> dict[KnobTask, tuple[float, dict]]:

@@ -21,7 +21,7 @@ from ..kernel_knobs import kernel_key
 from ..schedules import gemm_k, gemm_mn, gemm_mn_reorder_bound, mask_reorder
 from ..schedules.gemv import decode_knobs, supports_k, supports_mn
 from ..schedules.tile_gemm import DEFAULT_TILES, tile_knobs
-from ..weight_layout import TC_CHUNK, TC_ROWS, stored_shape
+from ..weight_layout import PANEL, TC_CHUNK, TC_ROWS, stored_shape
 from ..schedules.tiles import tiles_from_log
 from ..schedules.root_block import with_root_block
 from ..schedules.launch_bounds import as_built
@@ -199,8 +199,8 @@ def _reorder_call(state: _State, info: MaskInfo, tokens, direct_tokens: int):
 
 def _repack(state: _State, weight, layout: str, want: str):
     """A weight parameter stored in `layout` becomes a parameter in the `want` layout (the compiler repacks
-    the stored array once, wide_tvm/weight_layout.py): "kn" for CPU gemm_k (a group's K-slice is one
-    contiguous block instead of a strided column), "tc" tensor-core tiles for the CUDA fp16 kernels.
+    the stored array once, wide_tvm/weight_layout.py): "kp" (or "kn") for CPU gemm_k (a group's K-slice of a
+    task's columns is one contiguous run instead of a strided column), "tc" tensor-core tiles for the CUDA fp16 kernels.
     None when `weight` is not a parameter (computed weights keep their layout)."""
     if not any(weight.same_as(p) for p in state.params):
         return None
@@ -214,12 +214,14 @@ def _repack(state: _State, weight, layout: str, want: str):
 
 def _kernel_layout(state: _State, weights: list, layout: str, tensor_cores: bool, cpu_kn: bool = False):
     """(weights, layout) the kernel reads: tensor-core tiles on CUDA when the shape has them (`tensor_cores`),
-    [K, N] on the CPU where the kernel wants it (`cpu_kn`: gemm_k), else unchanged."""
+    on the CPU where the kernel wants [K, N] (`cpu_kn`: gemm_k) panels of 16 columns ("kp") when N has them, else
+    [K, N]; otherwise unchanged."""
     want = None
     if state.target_kind == "cuda" and tensor_cores:
         want = "tc"
-    elif state.target_kind == "llvm" and cpu_kn and layout == "nk":
-        want = "kn"
+    elif state.target_kind == "llvm" and cpu_kn:
+        dims = _weight_dims(weights[0], layout)
+        want = "kp" if dims is not None and dims[0] % PANEL == 0 else ("kn" if layout == "nk" else None)
     if want is None:
         return weights, layout
     new = [_repack(state, w, layout, want) for w in weights]
@@ -380,6 +382,8 @@ def _original_from(new: relax.Var, src: str, have: str, n: int, k: int) -> relax
     if have == "tc":
         t = relax.op.reshape(new, relax.ShapeExpr([n // TC_ROWS, k // TC_CHUNK, 2, 8, 4, 8]))
         nk = relax.op.reshape(relax.op.permute_dims(t, [0, 2, 3, 1, 4, 5]), relax.ShapeExpr([n, k]))
+    elif have == "kp":
+        nk = relax.op.reshape(relax.op.permute_dims(new, [0, 2, 1]), relax.ShapeExpr([n, k]))
     else:  # "kn"
         nk = relax.op.permute_dims(new)
     return nk if src == "nk" else relax.op.permute_dims(nk)

@@ -5,8 +5,9 @@ its space's kernels come from (code_version.SPACE_SOURCES), so an edit here stal
 
 * gemm_mn over [N, K] weights: a register tile of BM tokens x BN weight rows (x2 with SwiGLU), V-wide partial sums
   over K, K in chunks whose weight rows stay in L1 while every token tile passes over them.
-* gemm_k over [K, N] weights: a task owns BN output columns for every token and visits the used groups; each
-  group's gs x BN block is copied to a contiguous buffer and its active tokens go BM at a time through a BM x BN
+* gemm_k over panels of 16 columns [N / 16, K, 16] ("kp", as wide-compile stores them) or [K, N]: a task owns BN
+  output columns for every token and visits the used groups; each group's gs x BN block (read in place from its
+  panels, or copied out of [K, N] into a contiguous buffer) serves its active tokens BM at a time through a BM x BN
   register tile.
 * the other layouts (gemm_mn over [K, N], gemm_k over [N, K]: weights a model computes rather than stores) keep
   plainer loops.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
+from ..weight_layout import PANEL
 from .tiles import TileConfig, tile_dims
 from .weights import weight_loader
 
@@ -189,6 +191,19 @@ def k_body(G: int, gs: int, N: int, dtype: str, w_layout: str, tile: TileConfig,
                             tot[0] = tot[0] + acc[r, v]
                         out[tok(tile, r), ncol(tile, c)] = T.Cast(dtype, tot[0])
 
+    panels = w_layout == "kp"
+    if panels and BN % PANEL:
+        raise ValueError(f"tile width {BN} is not a multiple of the {PANEL}-column weight panels ('kp' layout)")
+    P = PANEL if panels else BN  # columns a vector of the register tile spans: a panel's, or the whole task's
+    NP = BN // P
+
+    def w_at(w, blk, g, k, task, cp, cv):
+        """Weight (row g * gs + k, column cp * P + cv of the task's BN) as the register tile reads it: straight from
+        its panel ("kp"), or from the group's block copied out of [K, N]."""
+        if panels:
+            return T.Cast("float32", w[task * NP + cp, g * gs + k, cv])
+        return blk[k, cp * P + cv]
+
     @T.macro
     def cpu_kn(a, w, mask, counts, order, used, out, n):
         # one task: BN output columns for every token. Groups are visited in `used` order; while one group's
@@ -196,13 +211,13 @@ def k_body(G: int, gs: int, N: int, dtype: str, w_layout: str, tile: TileConfig,
         # accumulate into their fp32 rows, so skipped (token, group) pairs cost nothing: the work is the
         # active pairs, not the tiles that hold one. The active tokens go BM at a time through a BM x BN
         # register tile (each K row of the block loaded once for BM tokens; the tile's last slots repeat its
-        # last token and are not stored back). The block is first copied into a contiguous buffer: its rows
-        # lie N floats apart (Llama's 4096: a power-of-two stride that maps them all onto a few L1 sets), so
-        # read in place they left L1 before the next token tile came back to them (down g128 at 64 tokens, bm 4, bn 64, one
-        # sweep on a 2-core Xeon: 35.6 -> 33.7 ms). Fixed group and token order: deterministic.
+        # last token and are not stored back). "kp" weights: the block is BN / 16 contiguous panel runs, read in
+        # place. [K, N] weights: its rows lie N floats apart (Llama's 4096: a power-of-two stride that maps them
+        # all onto a few L1 sets, each row on a page of its own), so the block is first copied into a contiguous
+        # buffer, the next group's prefetched meanwhile. Fixed group and token order: deterministic.
         for task in T.parallel(N // BN):
             acc = T.decl_buffer((n, BN), "float32")
-            blk = T.decl_buffer((gs, BN), "float32", scope="local")
+            blk = T.decl_buffer((1 if panels else gs, BN), "float32", scope="local")
             tile = T.decl_buffer((BM, BN), "float32", scope="local")
             tok = T.decl_buffer((BM,), "int64", scope="local")
             for t in range(n):
@@ -211,14 +226,15 @@ def k_body(G: int, gs: int, N: int, dtype: str, w_layout: str, tile: TileConfig,
             for j in range(used[G]):
                 g = used[j]
                 cnt = T.Cast("int64", counts[g])
-                if j + 1 < used[G]:  # the next group's gs x BN block: its rows are N apart, beyond the
-                    for k in range(gs):  # hardware prefetchers, so fetch it while this group computes
-                        for c0 in range((BN + 15) // 16):
-                            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(
-                                w[used[j + 1] * gs + k, task * BN + c0 * 16]), 0, 2, 1))
-                for k in range(gs):
-                    for c in T.vectorized(BN):
-                        blk[k, c] = T.Cast("float32", load_w(w, g * gs + k, task * BN + c))
+                if not panels:
+                    if j + 1 < used[G]:  # the next group's gs x BN block: its rows are N apart, beyond the
+                        for k in range(gs):  # hardware prefetchers, so fetch it while this group computes
+                            for c0 in range((BN + 15) // 16):
+                                T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(
+                                    w[used[j + 1] * gs + k, task * BN + c0 * 16]), 0, 2, 1))
+                    for k in range(gs):
+                        for c in T.vectorized(BN):
+                            blk[k, c] = T.Cast("float32", load_w(w, g * gs + k, task * BN + c))
                 for i0 in range((cnt + BM - 1) // BM):
                     for r in T.unroll(BM):
                         tok[r] = T.Cast("int64", order[g, T.min(i0 * BM + r, cnt - 1)])
@@ -226,8 +242,10 @@ def k_body(G: int, gs: int, N: int, dtype: str, w_layout: str, tile: TileConfig,
                             tile[r, c] = acc[tok[r], c]
                     for k in range(gs):
                         for r in T.unroll(BM):
-                            for c in T.vectorized(BN):
-                                tile[r, c] = tile[r, c] + T.Cast("float32", a[tok[r], g * gs + k]) * blk[k, c]
+                            for cp in T.unroll(NP):
+                                for cv in T.vectorized(P):
+                                    tile[r, cp * P + cv] = tile[r, cp * P + cv] + T.Cast(
+                                        "float32", a[tok[r], g * gs + k]) * w_at(w, blk, g, k, task, cp, cv)
                     for r in T.unroll(BM):
                         if i0 * BM + r < cnt:
                             for c in T.vectorized(BN):

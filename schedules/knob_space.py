@@ -155,13 +155,24 @@ def signature(task: KnobTask) -> list[tuple[str, tuple, str]]:
              ("task", (task_tag(task.kind, task.layout),), "int8")])
 
 
+# Tags count kinds in strides of the first three layouts, as before "kp" came: the tag is part of every template, so
+# a changed tag would have orphaned every database record; later layouts are numbered after them.
+TAG_STRIDE = 3
+
+
 def task_tag(kind: str, layout: str) -> int:
-    return 1 + KINDS.index(kind) * len(LAYOUTS) + LAYOUTS.index(layout)
+    i = LAYOUTS.index(layout)
+    if i < TAG_STRIDE:
+        return 1 + KINDS.index(kind) * TAG_STRIDE + i
+    return 1 + len(KINDS) * TAG_STRIDE + (i - TAG_STRIDE) * len(KINDS) + KINDS.index(kind)
 
 
 def tag_task(tag: int) -> tuple[str, str]:
     """(kind, layout) of a task tag's length."""
-    return KINDS[(tag - 1) // len(LAYOUTS)], LAYOUTS[(tag - 1) % len(LAYOUTS)]
+    if tag <= len(KINDS) * TAG_STRIDE:
+        return KINDS[(tag - 1) // TAG_STRIDE], LAYOUTS[(tag - 1) % TAG_STRIDE]
+    rest = tag - 1 - len(KINDS) * TAG_STRIDE
+    return KINDS[rest % len(KINDS)], LAYOUTS[TAG_STRIDE + rest // len(KINDS)]
 
 
 def template(task: KnobTask) -> tvm.IRModule:

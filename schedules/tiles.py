@@ -33,8 +33,12 @@ def tile_config(target_kind: str, columns: int) -> TileConfig:
 def cpu_default_tile(register_rows: bool, columns: int) -> TileConfig:
     """The CPU tile a kernel runs without tuned knobs. `register_rows`: gemm_mn over [N, K] weights, whose bn is
     the weight rows of its register tile (schedules/gemm_mn.py); else bn is the columns of a task (a divisor of
-    `columns`, which is the group size or N)."""
-    return TileConfig(bm=4, bn=_largest_divisor(columns, 2 if register_rows else 32))
+    `columns`, which is the group size or N; a multiple of 16 where N is one, as "kp" weight panels need)."""
+    if register_rows:
+        return TileConfig(bm=4, bn=_largest_divisor(columns, 2))
+    if columns % 16 == 0:
+        return TileConfig(bm=4, bn=16 * _largest_divisor(columns // 16, 2))
+    return TileConfig(bm=4, bn=_largest_divisor(columns, 32))
 
 
 CPU_BUCKETS = (1, 16)  # CPU kernels: one tile per bucket (1 token, <= 16 tokens, more), each tuned apart

@@ -15,6 +15,7 @@ import torch
 import wide_tvm
 from wide_tvm.compiler import NoGatedLayersWarning
 from wide_tvm.model import example_inputs
+from wide_tvm.weight_layout import pack
 
 TOKENS = [1, 7, 33]
 
@@ -71,6 +72,27 @@ def test_dense_model_compiles_with_warning(exported, tmp_path):
     assert np.abs(runner(x.numpy()) - ref).max() / np.abs(ref).max() < 1e-5
 
 
+def test_cpu_down_weights_without_whole_panels_are_stored_transposed(tmp_path):
+    """A hidden size that is no multiple of 16 cannot be cut into panels: gemm_k then reads plain [K, N]."""
+    from wide_tvm.frontends.export import export_model
+    from wide_tvm.model import WideConfig, build_example
+
+    cfg = WideConfig(hidden_size=40, num_layers=1)
+    model = build_example(cfg)
+    path = str(tmp_path / "h40.onnx")
+    export_model(model, example_inputs(cfg), path)
+    cpu = wide_tvm.compile(path, "llvm")
+    downs = [layer for layer in cpu.layers if layer.kind == "ffn"]
+    assert downs and all(layer.kernels[-1].endswith("_kn") for layer in downs)
+    stored = dict(zip(cpu.model.weight_names, cpu.model.weights))[downs[0].weights[-1]]
+    assert stored.shape == (cfg.intermediate_size, cfg.hidden_size)
+    runner = wide_tvm.load(cpu.export(str(tmp_path / "m.so")))
+    x = example_inputs(cfg, 7, seed=5)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    assert np.abs(runner(x.numpy()) - ref).max() / np.abs(ref).max() < 1e-5
+
+
 def test_torch_tensors_through_dlpack(exported, tmp_path):
     path, model, cfg = exported("default", "pt2")
     _, runner, _ = _compile_and_load(path, tmp_path)
@@ -106,17 +128,18 @@ def test_runtime_only_load(exported, tmp_path):
     assert np.abs(np.load(tmp_path / "y.npy") - ref).max() / np.abs(ref).max() < 1e-5
 
 
-def test_cpu_down_weights_are_stored_transposed(exported, tmp_path):
-    """On the CPU gemm_k reads [K, N] weights (a group's slice is contiguous): the compiler transposes the
-    stored array once; CUDA keeps fp32 weights as [N, K] rows for its SIMT kernels (fp16 ones become
-    tensor-core tiles, tests/test_weight_layout.py). Results are unchanged."""
+def test_cpu_down_weights_are_stored_in_panels(exported, tmp_path):
+    """On the CPU gemm_k reads W^T [K, N] in panels of 16 columns ("kp": a group's slice of a panel is contiguous):
+    the compiler repacks the stored array once; CUDA keeps fp32 weights as [N, K] rows for its SIMT kernels (fp16
+    ones become tensor-core tiles, tests/test_weight_layout.py). Results are unchanged."""
     path, model, cfg = exported("default", "pt2")
     cpu = wide_tvm.compile(path, "llvm")
     downs = [layer for layer in cpu.layers if layer.kind == "ffn"]
-    assert all(layer.kernels[-1].endswith("_kn") for layer in downs)
+    assert all(layer.kernels[-1].endswith("_kp") for layer in downs)
     name = downs[0].weights[-1]
     stored = dict(zip(cpu.model.weight_names, cpu.model.weights))[name]
-    assert stored.shape == (cfg.intermediate_size, cfg.hidden_size)  # [K, N]
+    assert stored.shape == (cfg.hidden_size // 16, cfg.intermediate_size, 16)
+    np.testing.assert_array_equal(stored, pack(model.layers[0].mlp.down_proj.weight.detach().numpy(), "kp"))
     if shutil.which("nvcc"):
         gpu = wide_tvm.compile(path, "cuda")
         assert all(layer.kernels[-1].endswith("_nk") for layer in gpu.layers if layer.kind == "ffn")

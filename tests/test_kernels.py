@@ -112,23 +112,40 @@ def test_cpu_gemm_mn_register_tiles_over_k_chunks(swiglu, monkeypatch):
                 assert np.array_equal(out, _run_mn(func, x, wg, wu, mask, groups * gs, "float32"))
 
 
-def test_cpu_gemm_k_register_tiles():
-    """The CPU gemm_k over [K, N] weights with register tiles of 1-8 tokens x 16-64 columns (a group's block copied
-    to a contiguous buffer, tile tails repeating the last token): every mask kind, odd token counts."""
+@pytest.mark.parametrize("layout", ["kn", "kp"])
+def test_cpu_gemm_k_register_tiles(layout):
+    """The CPU gemm_k over [K, N] weights (a group's block copied to a contiguous buffer) or over panels of 16
+    columns ("kp", read in place) with register tiles of 1-8 tokens x 16-64 columns (tile tails repeating the last
+    token): every mask kind, odd token counts."""
     from wide_tvm.schedules.tiles import TileConfig
+    from wide_tvm.weight_layout import pack
 
     groups, gs, n_out = 5, 16, 64
     rng = np.random.default_rng(12)
     w = (rng.standard_normal((groups * gs, n_out)) / 8).astype("float32")
+    stored = w if layout == "kn" else pack(w.T, "kp")
     for bm, bn in ((1, 64), (3, 16), (8, 32)):
-        func = build_cpu(gemm_k(groups, gs, n_out, "float32", "kn", "llvm", cpu_tile=TileConfig(bm, bn)))
+        func = build_cpu(gemm_k(groups, gs, n_out, "float32", layout, "llvm", cpu_tile=TileConfig(bm, bn)))
         for tokens in TOKENS:
             for kind in MASK_KINDS:
                 a = rng.standard_normal((tokens, groups * gs)).astype("float32")
                 mask = make_mask(kind, tokens, groups, rng)
-                out = _run_k(func, a, w, mask, n_out, "float32")
+                out = _run_k(func, a, stored, mask, n_out, "float32")
                 assert rel_err(out, ref_gemm_k(a, w, mask, gs, "kn")) < 1e-5, (bm, bn, tokens, kind)
-                assert np.array_equal(out, _run_k(func, a, w, mask, n_out, "float32"))
+                assert np.array_equal(out, _run_k(func, a, stored, mask, n_out, "float32"))
+
+
+def test_kp_panels_need_whole_panels_and_the_cpu():
+    """A "kp" kernel's tile width must be whole 16-column panels, and only the CPU kernels read panels; the default
+    tile over an N with panels is whole panels (N = 48: 16, not 24)."""
+    from wide_tvm.schedules.tiles import TileConfig, cpu_default_tile
+
+    with pytest.raises(ValueError, match="multiple of the 16-column weight panels"):
+        gemm_k(4, 16, 48, "float32", "kp", "llvm", cpu_tile=TileConfig(2, 24))
+    with pytest.raises(ValueError, match="CPU kernels only"):
+        gemm_k(4, 16, 48, "float16", "kp", "cuda")
+    assert cpu_default_tile(False, 48).bn == 16 and cpu_default_tile(False, 40).bn == 20
+    gemm_k(4, 16, 48, "float32", "kp", "llvm")  # builds with its default tile
 
 
 def test_roofline_counts_the_weights_dtype():

@@ -662,3 +662,13 @@ def test_db_records_carries_a_subset_and_merges_back_only_new_records(tmp_path):
     assert len(task_records(src)) == len(records) + 1
     refused = subprocess.run([sys.executable, tool, str(tmp_path / "none"), sub], capture_output=True, text=True)
     assert refused.returncode == 2 and "no tuning database" in refused.stderr
+
+
+def test_task_tags_of_the_first_layouts_never_move():
+    """A task's tag is part of its template: the tags of "nk" / "kn" / "tc" stay what they were before "kp" came (or
+    every database record would be orphaned), and every (kind, layout) has its own tag that reads back."""
+    from wide_tvm.weight_layout import LAYOUTS
+
+    assert [ks.task_tag(k, lay) for k in ks.KINDS for lay in ("nk", "kn", "tc")] == list(range(1, 10))
+    tags = {ks.task_tag(k, lay): (k, lay) for k in ks.KINDS for lay in LAYOUTS}
+    assert len(tags) == len(ks.KINDS) * len(LAYOUTS) and all(ks.tag_task(t) == kl for t, kl in tags.items())

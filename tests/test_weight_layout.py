@@ -31,7 +31,7 @@ def test_tc_puts_each_lane_vector_where_the_kernel_reads_it():
                     np.testing.assert_array_equal(p[r, start:start + 8], w[16 * r + 8 * h + g, 32 * c + 8 * q:32 * c + 8 * q + 8])
 
 
-@pytest.mark.parametrize("layout", ["nk", "kn", "tc"])
+@pytest.mark.parametrize("layout", ["nk", "kn", "tc", "kp"])
 def test_pack_round_trips_in_numpy_and_torch(layout):
     rng = np.random.default_rng(0)
     w = rng.standard_normal((64, 160)).astype(np.float16)
@@ -42,15 +42,27 @@ def test_pack_round_trips_in_numpy_and_torch(layout):
     np.testing.assert_array_equal(pt.numpy(), p)
 
 
+def test_kp_panels_hold_16_columns_of_w_transposed():
+    """Panel p of "kp" is W^T[:, 16p : 16p + 16]: a group's K-slice of one panel is one contiguous run."""
+    n, k = 48, 40
+    w = np.arange(n * k, dtype=np.int64).reshape(n, k)
+    p = pack(w, "kp")
+    assert p.shape == stored_shape("kp", n, k) == (n // 16, k, 16)
+    for panel in range(n // 16):
+        np.testing.assert_array_equal(p[panel], w.T[:, 16 * panel:16 * panel + 16])
+
+
 def test_pack_rejects_shapes_without_whole_tiles():
     with pytest.raises(ValueError, match="cannot be tiled"):
         pack(np.zeros((24, 64), np.float16), "tc")
+    with pytest.raises(ValueError, match="panels of 16 columns"):
+        pack(np.zeros((24, 64), np.float32), "kp")
     with pytest.raises(ValueError, match="unknown weight layout"):
         pack(np.zeros((16, 32), np.float16), "rows")
 
 
 @pytest.mark.parametrize("src", ["nk", "kn"])
-@pytest.mark.parametrize("have", ["tc", "kn"])
+@pytest.mark.parametrize("have", ["tc", "kn", "kp"])
 def test_relax_inverse_restores_the_source_layout(src, have):
     """Other uses of a repacked parameter read it back through `_original_from` (a reshape/permute chain)."""
     if src == "kn" and have == "kn":

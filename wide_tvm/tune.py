@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from . import kernel_knobs
 from .errors import WideError
+from .weight_layout import PANEL
 
 DEFAULT_TRIALS = 16  # measured candidates per kernel and token bucket (fewer when its space is smaller)
 
@@ -101,18 +102,21 @@ def bench_kernels(target_kind: str) -> list[KernelSpec]:
 
 
 def weight_layout(kind: str, group_size: int, dim: int, dtype: str, target_kind: str) -> str:
-    """The layout wide-compile stores a kernel's weights in: on the CPU gemm_k's folded to [K, N] (contiguous
-    groups); on CUDA tensor-core tiles where the shape fits (as LowerGatedLayers decides)."""
+    """The layout wide-compile stores a kernel's weights in: on the CPU gemm_k's folded to [K, N] panels (contiguous
+    groups, tune.cpu_layout); on CUDA tensor-core tiles where the shape fits (as LowerGatedLayers decides)."""
     if target_kind == "llvm":
-        return cpu_layout(kind)
+        return cpu_layout(kind, dim)
     from .schedules.gemv import supports
 
     return "tc" if supports(kind, group_size, dim, dtype) else "nk"
 
 
-def cpu_layout(kind: str) -> str:
-    """Weight layout wide-compile gives a CPU kernel: gemm_k weights are folded to [K, N] (contiguous groups)."""
-    return "kn" if kind == "gemm_k" else "nk"
+def cpu_layout(kind: str, n: int) -> str:
+    """Weight layout wide-compile gives a CPU kernel of N = n outputs: gemm_k weights are folded to [K, N] in panels of
+    16 columns ("kp", contiguous groups per panel) where N has them, else to [K, N]."""
+    if kind != "gemm_k":
+        return "nk"
+    return "kp" if n % PANEL == 0 else "kn"
 
 
 def tune(model: str | None, target: str, out: str, force: bool = False, sweep: list[str] | None = None,

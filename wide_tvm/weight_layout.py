@@ -1,7 +1,10 @@
 """Weight layouts the gated kernels read, and the one-time repacking the compiler applies to stored weights.
 
 * "nk": W [N, K] as exported (a Linear's weight).
-* "kn": W^T [K, N] (CPU gemm_k: a group's K-slice is one contiguous block).
+* "kn": W^T [K, N] (a group's K-slice is one contiguous block, its rows N elements apart).
+* "kp": W^T in panels of 16 columns [N / 16, K, 16] (CPU gemm_k): a group's K-slice of one panel is one
+  contiguous run of gs x 16 elements, so a task's columns stream without [K, N]'s row stride (Llama's N = 4096
+  fp32: 16 KB, a new 4 KB page, TLB entry and L1 set conflict for every row).
 * "tc": tensor-core fragment tiles [N / 16, 16 * K] (CUDA fp16 kernels). Row tile r holds W[16r : 16r + 16, :]
   in the order (K chunk c of 32, half h, lane, 8 elements), lane = 4 * g + q carrying
   W[16r + 8h + g, 32c + 8q : 32c + 8q + 8] -- exactly the 16-byte vector that lane loads into its mma
@@ -16,7 +19,8 @@ from __future__ import annotations
 
 TC_ROWS = 16  # rows per tile (the mma M)
 TC_CHUNK = 32  # K elements per chunk (4 lanes x 8)
-LAYOUTS = ("nk", "kn", "tc")
+PANEL = 16  # columns per "kp" panel (one AVX-512 vector of fp32)
+LAYOUTS = ("nk", "kn", "tc", "kp")
 
 
 def _permute(t, axes):
@@ -29,6 +33,13 @@ def pack(w_nk, layout: str):
         return w_nk
     if layout == "kn":
         t = _permute(w_nk, (1, 0))
+        return t.contiguous() if hasattr(t, "contiguous") else t.copy()
+    if layout == "kp":
+        n, k = w_nk.shape
+        if n % PANEL:
+            raise ValueError(f"a [{n}, {k}] weight cannot be cut into panels of {PANEL} columns: N must be a "
+                             f"multiple of {PANEL}")
+        t = _permute(w_nk.reshape(n // PANEL, PANEL, k), (0, 2, 1))
         return t.contiguous() if hasattr(t, "contiguous") else t.copy()
     if layout != "tc":
         raise ValueError(f"unknown weight layout {layout!r}; expected one of {LAYOUTS}")
@@ -47,9 +58,11 @@ def unpack(stored, layout: str, n: int, k: int):
         return stored
     if layout == "kn":
         return _permute(stored, (1, 0))
+    if layout == "kp":
+        return _permute(stored, (0, 2, 1)).reshape(n, k)
     t = stored.reshape(n // TC_ROWS, k // TC_CHUNK, 2, 8, 4, 8)
     return _permute(t, (0, 2, 3, 1, 4, 5)).reshape(n, k)
 
 
-def stored_shape(layout: str, n: int, k: int) -> tuple[int, int]:
-    return {"nk": (n, k), "kn": (k, n), "tc": (n // TC_ROWS, TC_ROWS * k)}[layout]
+def stored_shape(layout: str, n: int, k: int) -> tuple[int, ...]:
+    return {"nk": (n, k), "kn": (k, n), "tc": (n // TC_ROWS, TC_ROWS * k), "kp": (n // PANEL, k, PANEL)}[layout]

@@ -9,6 +9,7 @@ import time
 
 from ..kernel_reference import make_mask, ref_mask_reorder
 from .measure import roofline_us
+from ..weight_layout import pack
 from ..tune import KernelSpec, cpu_layout
 from .workloads import Workload
 
@@ -75,7 +76,7 @@ def run_cpu(tokens=(1, 16, 64), sparsity: float = 0.5, knobs: dict | None = None
     rng = np.random.default_rng(0)
     rows = []
     for w in CPU_WORKLOADS:
-        spec = KernelSpec(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype, cpu_layout(w.kind))
+        spec = KernelSpec(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype, cpu_layout(w.kind, w.dim))
         entry = (knobs or {}).get(spec.key, {})
         tile = tiles_from_log(entry["cpu"]) if "cpu" in entry else None
         fn = build_cpu(spec, tile, target)
@@ -84,8 +85,8 @@ def run_cpu(tokens=(1, 16, 64), sparsity: float = 0.5, knobs: dict | None = None
         wtvm = tvm.runtime.tensor(wcat)
         parts = [tvm.runtime.tensor(np.ascontiguousarray(wcat[:w.n])),
                  tvm.runtime.tensor(np.ascontiguousarray(wcat[w.n:] if w.swiglu else wcat))]
-        if spec.layout == "kn":  # as wide-compile stores it for the CPU
-            parts = [tvm.runtime.tensor(np.ascontiguousarray(wcat.T))] * 2
+        if spec.layout in ("kn", "kp"):  # as wide-compile stores it for the CPU
+            parts = [tvm.runtime.tensor(pack(wcat, spec.layout))] * 2
         for m in tokens:
             x = rng.standard_normal((m, w.k)).astype(w.dtype)
             xt, xtvm = torch.from_numpy(x), tvm.runtime.tensor(x)

@@ -21,7 +21,7 @@ from ..kernel_knobs import kernel_key
 from ..schedules import gemm_k, gemm_mn, gemm_mn_reorder_bound, mask_reorder
 from ..schedules.gemv import decode_knobs, supports_k, supports_mn
 from ..schedules.tile_gemm import DEFAULT_TILES, tile_knobs
-from ..weight_layout import PANEL, TC_CHUNK, TC_ROWS, stored_shape
+from ..weight_layout import TC_CHUNK, TC_ROWS, cpu_k_layout, stored_shape
 from ..schedules.tiles import tiles_from_log
 from ..schedules.root_block import with_root_block
 from ..schedules.launch_bounds import as_built
@@ -221,7 +221,8 @@ def _kernel_layout(state: _State, weights: list, layout: str, tensor_cores: bool
         want = "tc"
     elif state.target_kind == "llvm" and cpu_kn:
         dims = _weight_dims(weights[0], layout)
-        want = "kp" if dims is not None and dims[0] % PANEL == 0 else ("kn" if layout == "nk" else None)
+        want = cpu_k_layout(dims[0]) if dims is not None else ("kn" if layout == "nk" else None)
+        want = None if want == layout else want
     if want is None:
         return weights, layout
     new = [_repack(state, w, layout, want) for w in weights]

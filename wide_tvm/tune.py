@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from . import kernel_knobs
 from .errors import WideError
-from .weight_layout import PANEL
+from .weight_layout import cpu_k_layout
 
 DEFAULT_TRIALS = 16  # measured candidates per kernel and token bucket (fewer when its space is smaller)
 
@@ -114,9 +114,7 @@ def weight_layout(kind: str, group_size: int, dim: int, dtype: str, target_kind:
 def cpu_layout(kind: str, n: int) -> str:
     """Weight layout wide-compile gives a CPU kernel of N = n outputs: gemm_k weights are folded to [K, N] in panels of
     16 columns ("kp", contiguous groups per panel) where N has them, else to [K, N]."""
-    if kind != "gemm_k":
-        return "nk"
-    return "kp" if n % PANEL == 0 else "kn"
+    return cpu_k_layout(n) if kind == "gemm_k" else "nk"
 
 
 def tune(model: str | None, target: str, out: str, force: bool = False, sweep: list[str] | None = None,

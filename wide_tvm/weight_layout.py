@@ -23,6 +23,11 @@ PANEL = 16  # columns per "kp" panel (one AVX-512 vector of fp32)
 LAYOUTS = ("nk", "kn", "tc", "kp")
 
 
+def cpu_k_layout(n: int) -> str:
+    """The layout the CPU gemm_k reads a weight of N = n outputs in: "kp" panels where N has whole ones, else [K, N]."""
+    return "kp" if n % PANEL == 0 else "kn"
+
+
 def _permute(t, axes):
     return t.permute(*axes) if hasattr(t, "permute") else t.transpose(axes)
 

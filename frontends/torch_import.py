@@ -19,13 +19,54 @@ def load_exported_program(path: str):
         raise WideError(f"{path}: not a readable torch.export program ({type(err).__name__}: {err})") from None
 
 
+def _matmul(node, importer):
+    """aten.matmul / mm / bmm in the inputs' dtype (TVM 0.27's importer makes every product fp32, which an fp16 /
+    bf16 model's next op, e.g. a bias add, then refuses: "Binary operators must have the same datatype")."""
+    from tvm import relax
+
+    a, b = importer.retrieve_args(node)[:2]
+    return importer.block_builder.emit(relax.op.matmul(a, b))
+
+
+def _linear(node, importer):
+    """aten.linear in the input's dtype (see _matmul)."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    return importer.block_builder.emit(relax.op.linear(args[0], args[1], args[2] if len(args) > 2 else None))
+
+
+def _addmm(node, importer):
+    """aten.addmm (beta * bias + alpha * m1 @ m2) in the inputs' dtype (see _matmul)."""
+    from tvm import relax
+
+    bias, m1, m2 = (importer.env[a] for a in node.args[:3])
+    alpha, beta = node.kwargs.get("alpha", 1), node.kwargs.get("beta", 1)
+    dtype = m1.ty.dtype
+    res = None
+    if alpha != 0:
+        res = importer.block_builder.emit(relax.op.matmul(m1, m2))
+        if alpha != 1:
+            res = importer.block_builder.emit(relax.op.multiply(res, relax.const(alpha, dtype)))
+    if beta != 0:
+        if beta != 1:
+            bias = importer.block_builder.emit(relax.op.multiply(bias, relax.const(beta, dtype)))
+        res = bias if res is None else importer.block_builder.emit(relax.op.add(bias, res))
+    return res
+
+
+# products in the model's own dtype, as the ONNX importer makes them (the gated kernels accumulate in fp32 anyway)
+SAME_DTYPE_PRODUCTS = {"matmul.default": _matmul, "mm.default": _matmul, "bmm.default": _matmul,
+                       "linear.default": _linear, "addmm.default": _addmm}
+
+
 def import_exported_program(ep, origin: str = "<ExportedProgram>") -> tuple[tvm.IRModule, list, list[str]]:
     """(module whose main takes inputs then weights, weight arrays, weight names)."""
     from tvm.relax.frontend import detach_params
     from tvm.relax.frontend.torch import from_exported_program
 
     try:
-        mod = from_exported_program(ep, keep_params_as_input=True)
+        mod = from_exported_program(ep, keep_params_as_input=True, custom_convert_map=SAME_DTYPE_PRODUCTS)
     except Exception as err:
         msg = str(err).strip().splitlines()
         detail = msg[-1] if msg else type(err).__name__

@@ -7,6 +7,10 @@ legalization: it hands `topi.full` a PrimType where a dtype string is expected
 `relax.power(x, 2.0)` (RMSNorm's `x.pow(2)`) legalizes to CUDA `powf`, which returned NaN for every
 element of an RMSNorm on the H200 (seen with a 1 x 3 x 64 fp32 input; `mean` alone was exact). Small
 integral exponents become multiplications, exactly as PyTorch computes them.
+
+`relax.argmax` / `relax.argmin` over bf16 (a bf16 model's router picking execute or skip) legalizes to a reduction
+whose bf16 comparison TVM's BF16 legalization cannot lower ("Check failed: StructuralEqual(value->ty, var->ty)");
+bf16 widens to fp32 exactly, so the reduction runs over the fp32 values and picks the same index.
 """
 
 from __future__ import annotations
@@ -48,4 +52,16 @@ def _repeat_multiply(x, times: int):
     return te.compute(x.shape, body, name="power")
 
 
-WIDE_LEGALIZATIONS = {"relax.full": _legalize_full, "relax.power": _legalize_power}
+def _search_in_fp32(te_func):
+    def legalize(bb: relax.BlockBuilder, call) -> relax.Expr:
+        def body(x, axis, keepdims):
+            return te_func(topi.cast(x, "float32") if x.dtype == "bfloat16" else x, axis, keepdims)
+
+        return bb.call_te(body, call.args[0], call.attrs.axis, call.attrs.keepdims,
+                          primfunc_name_hint=te_func.__name__)
+
+    return legalize
+
+
+WIDE_LEGALIZATIONS = {"relax.full": _legalize_full, "relax.power": _legalize_power,
+                      "relax.argmax": _search_in_fp32(topi.argmax), "relax.argmin": _search_in_fp32(topi.argmin)}

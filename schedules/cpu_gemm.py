@@ -11,6 +11,8 @@ its space's kernels come from (code_version.SPACE_SOURCES), so an edit here stal
   register tile.
 * the other layouts (gemm_mn over [K, N], gemm_k over [N, K]: weights a model computes rather than stores) keep
   plainer loops.
+* fp16 / bf16 weights are widened to fp32 for the FMAs; where a group has more active tokens than one register tile,
+  the block (gemm_k's panel run, gemm_mn's K chunk) is widened once into an fp32 buffer that every tile reads.
 """
 
 from __future__ import annotations
@@ -57,6 +59,59 @@ def mn_body(G: int, gs: int, K: int, swiglu: bool, dtype: str, w_layout: str, ti
     KC = _k_chunk(K, V, H * BN)
     chunks = K // KC
 
+    # fp16 / bf16 weights: a chunk serving more than one token tile is converted to fp32 once (into `wbuf`) instead
+    # of once per tile
+    stage = dtype != "float32"
+
+    def w_at(w, wbuf, h, c0, c, kc, k0, v, from_buf):
+        """Weight row c0 + c of gate (h 0) or up (h 1), column kc * KC + k0 * V + v, as the register tile reads it:
+        from the converted chunk, or in place."""
+        if from_buf:
+            return wbuf[h, c, k0 * V + v]
+        return T.Cast("float32", w[c0 + c, kc * KC + k0 * V + v])
+
+    @T.macro
+    def token_tiles(x, wg, wu, order, out, acc, part, tok, tot, wbuf, g, c0, cnt, kc, from_buf):
+        # the group's active tokens BM at a time through the register tile, over chunk kc
+        for i0 in range((cnt + BM - 1) // BM):
+            for r in T.unroll(BM):
+                tok[r] = T.Cast("int64", order[g, T.min(i0 * BM + r, cnt - 1)])
+            for h in T.unroll(H):
+                for c in T.unroll(BN):
+                    for r in T.unroll(BM):
+                        for v in T.vectorized(V):
+                            acc[h, c, r, v] = T.if_then_else(
+                                kc == 0, T.float32(0), part[T.min(i0 * BM + r, cnt - 1), h, c, v])
+            for k0 in range(KC // V):
+                for c in T.unroll(BN):
+                    for r in T.unroll(BM):
+                        for v in T.vectorized(V):
+                            acc[0, c, r, v] = acc[0, c, r, v] + T.Cast(
+                                "float32", x[tok[r], kc * KC + k0 * V + v]) * w_at(
+                                wg, wbuf, 0, c0, c, kc, k0, v, from_buf)
+                        if swiglu:
+                            for v in T.vectorized(V):
+                                acc[1, c, r, v] = acc[1, c, r, v] + T.Cast(
+                                    "float32", x[tok[r], kc * KC + k0 * V + v]) * w_at(
+                                    wu, wbuf, 1, c0, c, kc, k0, v, from_buf)
+            if kc + 1 < chunks:
+                for r in T.unroll(BM):
+                    if i0 * BM + r < cnt:
+                        for h in T.unroll(H):
+                            for c in T.unroll(BN):
+                                for v in T.vectorized(V):
+                                    part[i0 * BM + r, h, c, v] = acc[h, c, r, v]
+            else:
+                for r in T.unroll(BM):
+                    if i0 * BM + r < cnt:
+                        for c in T.unroll(BN):
+                            for h in T.unroll(H):
+                                tot[h] = T.float32(0)
+                                for v in range(V):
+                                    tot[h] = tot[h] + acc[h, c, r, v]
+                            out[tok[r], c0 + c] = T.Cast(
+                                dtype, (tot[0] * T.sigmoid(tot[0]) * tot[1]) if swiglu else tot[0])
+
     @T.macro
     def cpu_nk(x, wg, wu, counts, order, out, n):
         # one task: BN weight rows (output columns) of one group; its active tokens in tiles of BM. A tile's
@@ -74,45 +129,22 @@ def mn_body(G: int, gs: int, K: int, swiglu: bool, dtype: str, w_layout: str, ti
             g = task // n_col_tiles
             c0 = g * gs + task % n_col_tiles * BN
             cnt = T.Cast("int64", counts[g])
-            for kc in range(chunks):
-                for i0 in range((cnt + BM - 1) // BM):
-                    for r in T.unroll(BM):
-                        tok[r] = T.Cast("int64", order[g, T.min(i0 * BM + r, cnt - 1)])
-                    for h in T.unroll(H):
+            if stage:
+                wbuf = T.decl_buffer((H, BN, KC), "float32", scope="local")
+                for kc in range(chunks):
+                    if cnt > BM:
                         for c in T.unroll(BN):
-                            for r in T.unroll(BM):
-                                for v in T.vectorized(V):
-                                    acc[h, c, r, v] = T.if_then_else(
-                                        kc == 0, T.float32(0), part[T.min(i0 * BM + r, cnt - 1), h, c, v])
-                    for k0 in range(KC // V):
-                        for c in T.unroll(BN):
-                            for r in T.unroll(BM):
-                                for v in T.vectorized(V):
-                                    acc[0, c, r, v] = acc[0, c, r, v] + T.Cast(
-                                        "float32", x[tok[r], kc * KC + k0 * V + v]) * T.Cast(
-                                        "float32", wg[c0 + c, kc * KC + k0 * V + v])
-                                if swiglu:
-                                    for v in T.vectorized(V):
-                                        acc[1, c, r, v] = acc[1, c, r, v] + T.Cast(
-                                            "float32", x[tok[r], kc * KC + k0 * V + v]) * T.Cast(
-                                            "float32", wu[c0 + c, kc * KC + k0 * V + v])
-                    if kc + 1 < chunks:
-                        for r in T.unroll(BM):
-                            if i0 * BM + r < cnt:
-                                for h in T.unroll(H):
-                                    for c in T.unroll(BN):
-                                        for v in T.vectorized(V):
-                                            part[i0 * BM + r, h, c, v] = acc[h, c, r, v]
+                            for k in T.vectorized(KC):
+                                wbuf[0, c, k] = T.Cast("float32", wg[c0 + c, kc * KC + k])
+                            if swiglu:
+                                for k in T.vectorized(KC):
+                                    wbuf[1, c, k] = T.Cast("float32", wu[c0 + c, kc * KC + k])
+                        token_tiles(x, wg, wu, order, out, acc, part, tok, tot, wbuf, g, c0, cnt, kc, True)
                     else:
-                        for r in T.unroll(BM):
-                            if i0 * BM + r < cnt:
-                                for c in T.unroll(BN):
-                                    for h in T.unroll(H):
-                                        tot[h] = T.float32(0)
-                                        for v in range(V):
-                                            tot[h] = tot[h] + acc[h, c, r, v]
-                                    out[tok[r], c0 + c] = T.Cast(
-                                        dtype, (tot[0] * T.sigmoid(tot[0]) * tot[1]) if swiglu else tot[0])
+                        token_tiles(x, wg, wu, order, out, acc, part, tok, tot, wbuf, g, c0, cnt, kc, False)
+            else:  # fp32 rows are read in place (`part` stands in for the conversion buffer, never read)
+                for kc in range(chunks):
+                    token_tiles(x, wg, wu, order, out, acc, part, tok, tot, part, g, c0, cnt, kc, False)
             for i in range(cnt, n):  # the group's skipped tokens: zeros
                 for c in range(BN):
                     out[order[g, i], c0 + c] = T.Cast(dtype, 0)
@@ -197,12 +229,35 @@ def k_body(G: int, gs: int, N: int, dtype: str, w_layout: str, tile: TileConfig,
     P = PANEL if panels else BN  # columns a vector of the register tile spans: a panel's, or the whole task's
     NP = BN // P
 
-    def w_at(w, blk, g, k, task, cp, cv):
+    # fp16 / bf16 panels: a group's block serving more than one token tile is converted to fp32 once (into `blk`)
+    # instead of once per tile (a conversion per weight vector made the 64-token kernel compute-bound)
+    stage = panels and dtype != "float32"
+
+    def w_at(w, blk, g, k, task, cp, cv, from_blk):
         """Weight (row g * gs + k, column cp * P + cv of the task's BN) as the register tile reads it: straight from
-        its panel ("kp"), or from the group's block copied out of [K, N]."""
-        if panels:
-            return T.Cast("float32", w[task * NP + cp, g * gs + k, cv])
-        return blk[k, cp * P + cv]
+        its panel ("kp"), or from the group's block in `blk` (copied out of [K, N], or converted panels)."""
+        if from_blk:
+            return blk[k, cp * P + cv]
+        return T.Cast("float32", w[task * NP + cp, g * gs + k, cv])
+
+    @T.macro
+    def token_tiles(a, w, order, acc, blk, tile, tok, g, cnt, task, from_blk):
+        # the group's active tokens BM at a time through the BM x BN register tile
+        for i0 in range((cnt + BM - 1) // BM):
+            for r in T.unroll(BM):
+                tok[r] = T.Cast("int64", order[g, T.min(i0 * BM + r, cnt - 1)])
+                for c in T.vectorized(BN):
+                    tile[r, c] = acc[tok[r], c]
+            for k in range(gs):
+                for r in T.unroll(BM):
+                    for cp in T.unroll(NP):
+                        for cv in T.vectorized(P):
+                            tile[r, cp * P + cv] = tile[r, cp * P + cv] + T.Cast(
+                                "float32", a[tok[r], g * gs + k]) * w_at(w, blk, g, k, task, cp, cv, from_blk)
+            for r in T.unroll(BM):
+                if i0 * BM + r < cnt:
+                    for c in T.vectorized(BN):
+                        acc[tok[r], c] = tile[r, c]
 
     @T.macro
     def cpu_kn(a, w, mask, counts, order, used, out, n):
@@ -217,7 +272,7 @@ def k_body(G: int, gs: int, N: int, dtype: str, w_layout: str, tile: TileConfig,
         # buffer, the next group's prefetched meanwhile. Fixed group and token order: deterministic.
         for task in T.parallel(N // BN):
             acc = T.decl_buffer((n, BN), "float32")
-            blk = T.decl_buffer((1 if panels else gs, BN), "float32", scope="local")
+            blk = T.decl_buffer((gs if stage or not panels else 1, BN), "float32", scope="local")
             tile = T.decl_buffer((BM, BN), "float32", scope="local")
             tok = T.decl_buffer((BM,), "int64", scope="local")
             for t in range(n):
@@ -235,21 +290,17 @@ def k_body(G: int, gs: int, N: int, dtype: str, w_layout: str, tile: TileConfig,
                     for k in range(gs):
                         for c in T.vectorized(BN):
                             blk[k, c] = T.Cast("float32", load_w(w, g * gs + k, task * BN + c))
-                for i0 in range((cnt + BM - 1) // BM):
-                    for r in T.unroll(BM):
-                        tok[r] = T.Cast("int64", order[g, T.min(i0 * BM + r, cnt - 1)])
-                        for c in T.vectorized(BN):
-                            tile[r, c] = acc[tok[r], c]
-                    for k in range(gs):
-                        for r in T.unroll(BM):
+                if stage:
+                    if cnt > BM:
+                        for k in range(gs):
                             for cp in T.unroll(NP):
                                 for cv in T.vectorized(P):
-                                    tile[r, cp * P + cv] = tile[r, cp * P + cv] + T.Cast(
-                                        "float32", a[tok[r], g * gs + k]) * w_at(w, blk, g, k, task, cp, cv)
-                    for r in T.unroll(BM):
-                        if i0 * BM + r < cnt:
-                            for c in T.vectorized(BN):
-                                acc[tok[r], c] = tile[r, c]
+                                    blk[k, cp * P + cv] = T.Cast("float32", w[task * NP + cp, g * gs + k, cv])
+                        token_tiles(a, w, order, acc, blk, tile, tok, g, cnt, task, True)
+                    else:
+                        token_tiles(a, w, order, acc, blk, tile, tok, g, cnt, task, False)
+                else:
+                    token_tiles(a, w, order, acc, blk, tile, tok, g, cnt, task, not panels)
             for t in range(n):
                 for c in T.vectorized(BN):
                     out[t, task * BN + c] = T.Cast(dtype, acc[t, c])

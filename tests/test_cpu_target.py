@@ -88,3 +88,59 @@ def test_smt_siblings_count_once(monkeypatch, tmp_path):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     monkeypatch.setattr("builtins.open", fake_open)
     assert cpu_threads.physical_cores() == 3  # {0, 1} one core, 2, and 3 (no topology)
+
+
+def test_cpu_bench_times_its_calls_in_turns_on_rotating_weights():
+    """wide-bench cpu's timer calls the kernels it compares in turns (warm-up calls untimed), so a drift of the
+    machine's memory rate reaches every column alike, one median per label; consecutive calls take different
+    argument sets (weight copies) and so do two calls of one label, and the copies fill four times the cache."""
+    from wide_tvm.bench.cpu import time_call, time_interleaved, weight_copies
+
+    seen = []
+    sets = [[0], [1], [2]]
+    times = time_interleaved({label: (lambda i, label=label: seen.append((label, i)), sets)
+                              for label in ("torch", "sparse", "dense")}, reps=3, warmup=1)
+    assert [label for label, _ in seen] == ["torch", "sparse", "dense"] * 4
+    copies = [i for _, i in seen]
+    assert copies == [0, 1, 2] * 4 and all(a != b for a, b in zip(copies, copies[1:]))
+    assert sorted(times) == ["dense", "sparse", "torch"] and all(t >= 0 for t in times.values())
+    used = []
+    time_call(used.append, [[0], [1]], reps=3)
+    assert used == [0, 1, 0, 1]
+    assert weight_copies(100 << 20, 480 << 20) == 20 and weight_copies(4 << 30, 32 << 20) == 2
+
+
+def test_cpu_bench_and_tuning_cover_fp32_fp16_and_bf16():
+    """wide-bench cpu and `wide-tune --llama8b --target llvm` take the FFN kernels in each dtype a model ships
+    (fp16 / bf16 weights halve what a memory-bound kernel reads), named apart; an unknown dtype is refused by name."""
+    from wide_tvm.bench.cpu import cpu_workloads
+    from wide_tvm.tune import bench_kernels
+
+    ws = cpu_workloads()
+    assert [(w.name, w.dtype) for w in ws] == [
+        ("gate_up_g128", "float32"), ("down_g128", "float32"), ("gate_up_g128_fp16", "float16"),
+        ("down_g128_fp16", "float16"), ("gate_up_g128_bf16", "bfloat16"), ("down_g128_bf16", "bfloat16")]
+    keys = [s.key for s in bench_kernels("llvm")]
+    assert keys == [f"{k}/g112x128/d4096/{dt}" for dt in ("float32", "float16", "bfloat16")
+                    for k in ("gemm_mn_swiglu", "gemm_k")]
+    with pytest.raises(WideError, match="float64"):
+        cpu_workloads(("float32", "float64"))
+
+
+def test_committed_cpu_database_picks_every_benchmark_kernel():
+    """tuning_logs/llvm holds a current pick (records of today's kernel code) for every token bucket of every
+    kernel `wide-tune --llama8b --target llvm` tunes: an edit of the CPU kernels that was not re-tuned or
+    re-stamped fails here instead of silently compiling default tiles."""
+    import warnings
+
+    from wide_tvm import kernel_knobs
+    from wide_tvm.schedules.tiles import CPU_BUCKETS
+    from wide_tvm.tune import bench_kernels
+
+    folder = os.path.join(os.path.dirname(__file__), "..", "tuning_logs", "llvm")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kernel_knobs.StaleTuningWarning)
+        picks = kernel_knobs.load(folder)
+    for spec in bench_kernels("llvm"):
+        tiles = picks.get(spec.key, {}).get("cpu", [])
+        assert len(tiles) == len(CPU_BUCKETS) + 1 and all(tiles), (spec.key, tiles)

@@ -148,3 +148,33 @@ def test_cpu_down_weights_are_stored_in_panels(exported, tmp_path):
     with torch.no_grad():
         ref = model(x).numpy()
     assert np.abs(runner(x.numpy()) - ref).max() / np.abs(ref).max() < 1e-5
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+@pytest.mark.parametrize("dtype,tol", [("float16", 5e-3), ("bfloat16", 3e-2)])
+def test_fp16_and_bf16_models_match_pytorch_in_their_dtype(tmp_path, fmt, dtype, tol):
+    """A WIDE model in fp16 / bf16 (as trained checkpoints ship), through ONNX and torch.export: its gated layers
+    lowered to the fp16 / bf16 CPU kernels (fp32 accumulation), the output within the dtype's rounding of the same
+    model run by PyTorch in that dtype, deterministic. torch.export's products stay in the model's dtype
+    (frontends.torch_import.SAME_DTYPE_PRODUCTS), a bf16 router's argmax compiles (passes.legalize), and bf16 weights
+    survive the .weights.npz (artifact.save_weights)."""
+    from wide_tvm.frontends.export import export_model
+    from wide_tvm.model import WideConfig, build_example
+
+    cfg = WideConfig()
+    model = build_example(cfg, seed=3).to(getattr(torch, dtype))
+    path = str(tmp_path / f"m.{fmt}")
+    export_model(model, example_inputs(cfg, 6), path)
+    compiled, runner, _ = _compile_and_load(path, tmp_path)
+    assert len(compiled.layers) == 2 * cfg.num_layers
+    assert all(k.endswith(("_nk", "_kp")) and dtype in k for layer in compiled.layers for k in layer.kernels
+               if "gemm" in k)
+    for t in (1, 7, 33):
+        x = example_inputs(cfg, t, seed=t)
+        with torch.no_grad():
+            ref = model(x).float().numpy()
+        out = runner(x.numpy())
+        assert str(out.dtype) == dtype
+        err = np.abs(out.astype("float32") - ref).max() / np.abs(ref).max()
+        assert err < tol, (t, err)
+        assert np.array_equal(out, runner(x.numpy()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes  # noqa: F401  (numpy learns the name bfloat16)
 import numpy as np
 import pytest
 import tvm
@@ -12,7 +13,7 @@ from wide_tvm.kernel_reference import (MASK_KINDS, make_mask, ref_gemm_k, ref_ge
 from wide_tvm.schedules import gemm_k, gemm_mn, mask_reorder
 
 TOKENS = [1, 5, 8, 13, 33]  # one token, counts that do not fill a tile (BM=8 on CPU), several tiles
-TOL = {"float32": 1e-5, "float16": 2e-3}
+TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 
 
 def _t(a):
@@ -88,51 +89,56 @@ def test_gemm_k(group_size, layout, dtype):
             assert np.array_equal(out, _run_k(func, a, w, mask, n_out, dtype))  # deterministic
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("swiglu", [True, False])
-def test_cpu_gemm_mn_register_tiles_over_k_chunks(swiglu, monkeypatch):
+def test_cpu_gemm_mn_register_tiles_over_k_chunks(swiglu, dtype, monkeypatch):
     """The CPU gemm_mn over [N, K] weights with register tiles of 1-8 tokens x 1-4 weight rows, K split in 4
-    chunks (a small L1 budget): the partial sums kept between chunks, tails of a tile, groups no token runs."""
+    chunks (a small L1 budget): the partial sums kept between chunks, tails of a tile, groups no token runs; fp16 /
+    bf16 chunks converted once where a group has more tokens than a tile, read in place where not."""
     from wide_tvm.schedules import cpu_gemm
     from wide_tvm.schedules.tiles import TileConfig
 
     monkeypatch.setattr(cpu_gemm, "L1_CHUNK_BYTES", 4 * 16)  # a K chunk of 16 (one vector) whatever the rows
     groups, gs, k_dim = 3, 8, 64
     rng = np.random.default_rng(11)
-    wg, wu = ((rng.standard_normal((groups * gs, k_dim)) / 8).astype("float32") for _ in range(2))
+    wg, wu = ((rng.standard_normal((groups * gs, k_dim)) / 8).astype(dtype) for _ in range(2))
     for bm, bn in ((1, 1), (3, 2), (8, 4)):
         assert cpu_gemm._k_chunk(k_dim, 16, 2 * bn if swiglu else bn) == 16
-        func = build_cpu(gemm_mn(groups, gs, k_dim, "float32", "nk", swiglu, "llvm", cpu_tile=TileConfig(bm, bn)))
+        func = build_cpu(gemm_mn(groups, gs, k_dim, dtype, "nk", swiglu, "llvm", cpu_tile=TileConfig(bm, bn)))
         for tokens in TOKENS:
             for kind in MASK_KINDS:
-                x = rng.standard_normal((tokens, k_dim)).astype("float32")
+                x = rng.standard_normal((tokens, k_dim)).astype(dtype)
                 mask = make_mask(kind, tokens, groups, rng)
-                out = _run_mn(func, x, wg, wu, mask, groups * gs, "float32")
-                ref = ref_gemm_mn(x, wg, wu, mask, gs, "nk", swiglu)
-                assert rel_err(out, ref) < 1e-5, (bm, bn, tokens, kind)
-                assert np.array_equal(out, _run_mn(func, x, wg, wu, mask, groups * gs, "float32"))
+                out = _run_mn(func, x, wg, wu, mask, groups * gs, dtype)
+                ref = ref_gemm_mn(*(v.astype("float32") for v in (x, wg, wu)), mask, gs, "nk", swiglu)
+                assert rel_err(out.astype("float32"), ref) < TOL[dtype], (bm, bn, tokens, kind)
+                assert np.array_equal(out, _run_mn(func, x, wg, wu, mask, groups * gs, dtype))
 
 
-@pytest.mark.parametrize("layout", ["kn", "kp"])
-def test_cpu_gemm_k_register_tiles(layout):
+@pytest.mark.parametrize("layout,dtype", [("kn", "float32"), ("kp", "float32"), ("kp", "float16"),
+                                          ("kp", "bfloat16")])
+def test_cpu_gemm_k_register_tiles(layout, dtype):
     """The CPU gemm_k over [K, N] weights (a group's block copied to a contiguous buffer) or over panels of 16
-    columns ("kp", read in place) with register tiles of 1-8 tokens x 16-64 columns (tile tails repeating the last
-    token): every mask kind, odd token counts."""
+    columns ("kp", read in place; fp16 / bf16 panels converted once where a group has more tokens than a tile) with
+    register tiles of 1-8 tokens x 16-64 columns (tile tails repeating the last token): every mask kind, odd token
+    counts."""
     from wide_tvm.schedules.tiles import TileConfig
     from wide_tvm.weight_layout import pack
 
     groups, gs, n_out = 5, 16, 64
     rng = np.random.default_rng(12)
-    w = (rng.standard_normal((groups * gs, n_out)) / 8).astype("float32")
+    w = (rng.standard_normal((groups * gs, n_out)) / 8).astype(dtype)
     stored = w if layout == "kn" else pack(w.T, "kp")
     for bm, bn in ((1, 64), (3, 16), (8, 32)):
-        func = build_cpu(gemm_k(groups, gs, n_out, "float32", layout, "llvm", cpu_tile=TileConfig(bm, bn)))
+        func = build_cpu(gemm_k(groups, gs, n_out, dtype, layout, "llvm", cpu_tile=TileConfig(bm, bn)))
         for tokens in TOKENS:
             for kind in MASK_KINDS:
-                a = rng.standard_normal((tokens, groups * gs)).astype("float32")
+                a = rng.standard_normal((tokens, groups * gs)).astype(dtype)
                 mask = make_mask(kind, tokens, groups, rng)
-                out = _run_k(func, a, stored, mask, n_out, "float32")
-                assert rel_err(out, ref_gemm_k(a, w, mask, gs, "kn")) < 1e-5, (bm, bn, tokens, kind)
-                assert np.array_equal(out, _run_k(func, a, stored, mask, n_out, "float32"))
+                out = _run_k(func, a, stored, mask, n_out, dtype)
+                ref = ref_gemm_k(a.astype("float32"), w.astype("float32"), mask, gs, "kn")
+                assert rel_err(out.astype("float32"), ref) < TOL[dtype], (bm, bn, tokens, kind)
+                assert np.array_equal(out, _run_k(func, a, stored, mask, n_out, dtype))
 
 
 def test_kp_panels_need_whole_panels_and_the_cpu():

@@ -327,4 +327,5 @@ def test_a_stopped_run_stays_on_record_as_unfinished(tmp_path, monkeypatch):
         tune(None, "llvm", str(tmp_path), llama8b=True, trials=3, only="cpu0")
     (run,) = json.loads((tmp_path / kernel_knobs.RUNS).read_text())
     assert run["finished"] is False and "--trials 3" in run["command"]
-    assert run["tasks"] == ["gemm_mn_swiglu/g112x128/d4096/float32/cpu0", "gemm_k/g112x128/d4096/float32/cpu0"]
+    assert run["tasks"] == [f"{kind}/g112x128/d4096/{dt}/cpu0" for dt in ("float32", "float16", "bfloat16")
+                            for kind in ("gemm_mn_swiglu", "gemm_k")]

@@ -91,10 +91,12 @@ def from_sweep(paths: list[str]) -> dict:
 
 
 def bench_kernels(target_kind: str) -> list[KernelSpec]:
-    """The benchmark's Llama-3.1-8B kernels (wide-bench: the FFN in fp32 on the CPU; FFN and Q/O projections in
-    fp16 on CUDA), for tuning without a model file."""
+    """The benchmark's Llama-3.1-8B kernels (wide-bench: the FFN in fp32, fp16 and bf16 on the CPU; FFN and Q/O
+    projections in fp16 on CUDA), for tuning without a model file."""
     if target_kind == "llvm":
-        from .bench.cpu import CPU_WORKLOADS as workloads
+        from .bench.cpu import cpu_workloads
+
+        workloads = cpu_workloads()
     else:
         from .bench.workloads import LLAMA_8B as workloads
     return [KernelSpec(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype,

@@ -144,3 +144,26 @@ def test_committed_cpu_database_picks_every_benchmark_kernel():
     for spec in bench_kernels("llvm"):
         tiles = picks.get(spec.key, {}).get("cpu", [])
         assert len(tiles) == len(CPU_BUCKETS) + 1 and all(tiles), (spec.key, tiles)
+
+
+def test_cpu_bench_report_renders_its_rows_and_plot(tmp_path):
+    """`wide-bench report` on a `wide-bench cpu` JSON: one Markdown row per workload and count (the bucket's tile,
+    ratios from the row's times), and a plot with one panel per dtype."""
+    from wide_tvm.cli import bench_main
+    import json
+
+    tiles = [{"bm": 1, "bn": 4}, {"bm": 2, "bn": 4}, {"bm": 3, "bn": 4}]
+    rows = [{"workload": f"gate_up_g128{sfx}", "dtype": dt, "tokens": m, "torch_us": 2000.0 * m, "tvm_dense_us": 9e5,
+             "ours_us": 1000.0 * m, "ours_all_active_us": 1800.0 * m, "speedup_vs_same_kernel_dense": 1.8,
+             "speedup_vs_torch": 2.0, "limit_us": 500.0 * m, "limit_speedup_vs_torch": 4.0, "tile": tiles,
+             "weight_copies": 5} for dt, sfx in (("float32", ""), ("bfloat16", "_bf16")) for m in (1, 16, 64)]
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps({"device": "CPU (this machine)", "target": "llvm", "cpu": "test CPU",
+                                "limits": {"bandwidth_gbs": 20.0, "tensor_tflops": 0.3}, "rows": rows}))
+    from wide_tvm.bench import report
+
+    table = report.cpu_markdown(report.load(str(path)))
+    assert "| gate_up_g128_bf16 | 16 | 32.0 | 900 | **16.00** | 28.80 | 1.80x | 2.00x | 8.0 | 50% | 2 x 4 | 5 |" in table
+    assert "| gate_up_g128 | 64 |" in table and "| 3 x 4 |" in table and len(table.splitlines()) == 4 + 6
+    png = tmp_path / "cpu.png"
+    assert bench_main(["report", str(path), "--plot", str(png)]) == 0 and png.stat().st_size > 10_000

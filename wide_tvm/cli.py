@@ -223,6 +223,11 @@ def bench_main(argv=None) -> int:
             if "best" in result:  # a knob sweep
                 print(report.sweep_markdown(result))
                 return 0
+            if report.is_cpu(result):  # wide-bench cpu
+                print(report.cpu_markdown(result))
+                if args.plot:
+                    print(f"wrote {report.cpu_plot(result, args.plot)}")
+                return 0
             print(report.markdown(result, args.sparsity, args.mask))
             if args.plot:
                 print(f"wrote {report.plot(result, args.plot, args.mask)}")

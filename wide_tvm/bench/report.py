@@ -75,6 +75,74 @@ def plot(result: dict, path: str, mask: str = "random") -> str:
     return path
 
 
+def is_cpu(result: dict) -> bool:
+    """A `wide-bench cpu` result (torch.matmul on this machine's CPU) rather than a GPU run's."""
+    return bool(result["rows"]) and "torch_us" in result["rows"][0]
+
+
+def _cpu_tile(row: dict) -> str:
+    """The tuned tile of the row's token bucket (schedules.tiles.CPU_BUCKETS: 1, 2-16, more)."""
+    from ..schedules.tiles import CPU_BUCKETS
+
+    tiles = row.get("tile")
+    if not tiles:
+        return "default"
+    t = tiles[sum(row["tokens"] > b for b in CPU_BUCKETS)]
+    return f"{t['bm']} x {t['bn']}"
+
+
+def cpu_markdown(result: dict) -> str:
+    """`wide-bench cpu`'s rows in milliseconds: torch.matmul in the same dtype, TVM dense, ours, ours with every
+    group active, the ratios, and the limit (used weight bytes at the measured read rate or active FLOPs at the
+    measured fp32 rate)."""
+    lim = result["limits"]
+    lines = [f"CPU: {result.get('cpu', result['device'])}, target {result['target']}; measured "
+             f"{lim['bandwidth_gbs']:.1f} GB/s read, {lim['tensor_tflops'] * 1e3:.0f} GFLOP/s fp32. Milliseconds.", "",
+             "| workload | M | torch.matmul (same dtype) | TVM dense | ours (50 %) | ours, all active | vs same kernel "
+             "dense | vs torch | limit | % of limit | tile (bm x bn) | weight copies |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+    for r in result["rows"]:
+        lines.append(f"| {r['workload']} | {r['tokens']} | {r['torch_us'] / 1e3:.1f} | {r['tvm_dense_us'] / 1e3:.0f} | "
+                     f"**{r['ours_us'] / 1e3:.2f}** | {r['ours_all_active_us'] / 1e3:.2f} | "
+                     f"{r['speedup_vs_same_kernel_dense']:.2f}x | {r['speedup_vs_torch']:.2f}x | "
+                     f"{r['limit_us'] / 1e3:.1f} | {r['limit_us'] / r['ours_us']:.0%} | {_cpu_tile(r)} | "
+                     f"{r.get('weight_copies', 1)} |")
+    return "\n".join(lines)
+
+
+def cpu_plot(result: dict, path: str) -> str:
+    """Speedups against token count, one panel per dtype: over torch.matmul (solid), over the same kernel with
+    every group active (dashed), and the limit over torch (dotted)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dtypes = list(dict.fromkeys(r.get("dtype", "float32") for r in result["rows"]))
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(4.6 * len(dtypes), 3.6), squeeze=False)
+    for ax, dt in zip(axes[0], dtypes):
+        rows = [r for r in result["rows"] if r.get("dtype", "float32") == dt]
+        for name in dict.fromkeys(r["workload"] for r in rows):
+            pts = sorted((r["tokens"], r["speedup_vs_torch"], r["speedup_vs_same_kernel_dense"],
+                          r["limit_speedup_vs_torch"]) for r in rows if r["workload"] == name)
+            m = [p[0] for p in pts]
+            line, = ax.plot(m, [p[1] for p in pts], marker="o", label=f"{name} vs torch")
+            ax.plot(m, [p[2] for p in pts], marker="s", ls="--", color=line.get_color(),
+                    label=f"{name} vs all active")
+            ax.plot(m, [p[3] for p in pts], ls=":", color=line.get_color(), label=f"{name} limit vs torch")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_title(dt)
+        ax.set_xlabel("tokens M")
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("speedup")
+    fig.suptitle(f"{result.get('cpu', result['device'])}: gated kernels at 50 % (random masks)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
 def load(path: str) -> dict:
     with open(path) as f:
         return json.load(f)

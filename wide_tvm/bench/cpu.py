@@ -116,7 +116,7 @@ def build_cpu(spec: KernelSpec, tile, target: str = "llvm"):
 
 
 def run_cpu(tokens=(1, 16, 64), sparsity: float = 0.5, knobs: dict | None = None, progress=print,
-            target: str = "llvm", dtypes=("float32",)) -> dict:
+            target: str = "llvm", dtypes=tuple(CPU_DTYPES)) -> dict:
     import torch
     import tvm
     from tvm.runtime import vm as rvm
@@ -137,6 +137,7 @@ def run_cpu(tokens=(1, 16, 64), sparsity: float = 0.5, knobs: dict | None = None
     limits = cpu_limits()
     progress(f"this CPU: {limits['bandwidth_gbs']:.1f} GB/s read, {limits['tensor_tflops'] * 1e3:.0f} GFLOP/s fp32 "
              "matmul (torch)")
+    cache = last_level_cache_bytes()
     rng = np.random.default_rng(0)
     rows = []
     for w in workloads:
@@ -146,7 +147,7 @@ def run_cpu(tokens=(1, 16, 64), sparsity: float = 0.5, knobs: dict | None = None
         fn = build_cpu(spec, tile, target)
         wcat32 = (rng.standard_normal((w.n * w.weights, w.k)) / np.sqrt(w.k)).astype("float32")
         wcat = wcat32.astype(w.dtype)
-        copies = weight_copies(wcat.nbytes)  # every call of a timing loop reads weights no other call left in cache
+        copies = weight_copies(wcat.nbytes, cache)  # every call of a timing loop reads weights no other call left in cache
         wts = [torch.from_numpy(wcat32).to(getattr(torch, w.dtype), copy=True) for _ in range(copies)]
         wtvm = tvm.runtime.tensor(wcat)  # TVM dense: seconds a call, the cache is no matter
         if spec.layout in ("kn", "kp"):  # as wide-compile stores it for the CPU
@@ -181,7 +182,7 @@ def run_cpu(tokens=(1, 16, 64), sparsity: float = 0.5, knobs: dict | None = None
                      f"x{row['speedup_vs_same_kernel_dense']:.2f} vs same kernel dense  x{row['speedup_vs_torch']:.2f} "
                      f"vs torch  limit {limit:9.0f} us ({limit / times['sparse']:.0%} of it)")
     return {"device": "CPU (this machine)", "target": str(tgt), "cpu": _cpu_name(), "limits": limits,
-            "last_level_cache_bytes": last_level_cache_bytes(), "torch": torch.__version__, "rows": rows}
+            "last_level_cache_bytes": cache, "torch": torch.__version__, "rows": rows}
 
 
 def _cpu_name() -> str:

@@ -75,7 +75,7 @@ from ..targets import hopper_device_code
 from .gemv import ROWS, _plus, _used_groups, bit_words, token_runs
 from .mask_reorder import _ballot, _lanes_below, _popc, block_scan
 from .tile_gemm import TILE_BUCKETS, TileKnobs, check_tile_knobs
-from .token_order import MAX_GROUPS, order_groups_ok, pattern_order
+from .token_order import MAX_GROUPS, hist_size, order_groups_ok, pattern_order
 
 hopper_device_code()  # these kernels need sm_90a device code, whichever way an sm_90 target reaches the compiler
 
@@ -1404,8 +1404,8 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
         if ordered:  # the tokens in mask-pattern order, and the mask in that order: two launches in front
             perm = T.alloc_buffer((n,), "int32", scope="global")
             smask = T.alloc_buffer((n, G), "int32", scope="global")
-            place = T.alloc_buffer((n,), "int32", scope="global")
-            sort_tokens(mask, perm, smask, place, n)
+            hist = T.alloc_buffer((hist_size(G, n),), "int32", scope="global")
+            sort_tokens(mask, perm, smask, hist, n)
             main_pass(a, w, smask, used, out, ws, n, perm)
         else:
             main_pass(a, w, mask, used, out, ws, n, used)

@@ -320,6 +320,39 @@ def test_pattern_order_shares_skips_between_a_tiles_tokens():
     assert all(np.sum(np.array(a) != np.array(b)) == 1 for a, b in zip(runs, runs[1:]))
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_pattern_order_builds_as_two_many_block_launches(tmp_path):
+    """The mask-pattern sort for every group count it takes (1 .. 8) builds (nvcc) as tools/check_token_order.py
+    builds it for the GPU check: a launch counting each block's patterns into its row of hist, then one placing the
+    tokens from hist's column sums, both over a block per 256 tokens (the first form sorted in one block: 12.5 us of
+    O's 193 at 4096 tokens on an H100). Its scratch is a row of 2^G counts a block."""
+    import importlib.util
+    import os
+
+    from wide_tvm.schedules.token_order import THREADS, hist_size, order_groups_ok, pattern_order, sort_blocks
+
+    assert [sort_blocks(n) for n in (1, 256, 257, 4096)] == [1, 1, 2, 16] and THREADS == 256
+    assert hist_size(8, 4096) == 16 * 256 and hist_size(3, 513) == 3 * 8
+    assert order_groups_ok(8) and not order_groups_ok(9) and not order_groups_ok(0)
+    with pytest.raises(ValueError, match="1 .. 8 groups"):
+        pattern_order(9)
+    path = os.path.join(os.path.dirname(__file__), "..", "tools", "check_token_order.py")
+    spec = importlib.util.spec_from_file_location("check_token_order", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    tool.build(str(tmp_path), str(tmp_path / "sort.cu"))
+    src = (tmp_path / "sort.cu").read_text()
+    for g in tool.GROUPS:
+        count, place = (re.search(rf"void __launch_bounds__\(256\) sort{g}_kernel{suffix}\([^)]*\) \{{(.*?)\n}}\n",
+                                  src, re.S) for suffix in ("", "_1"))
+        assert count and place, g
+        assert "atomicAdd" in count[1] and "hist_ptr[" in count[1] and "perm_ptr" not in count[0]
+        assert "atomicAdd" not in place[1] and "perm_ptr[" in place[1]
+        assert "smask_ptr[" in place[1] or "(smask_ptr +" in place[1]
+        assert "griddepcontrol" in count[1] and "griddepcontrol" in place[1]  # as the library builds them
+    assert (tmp_path / "sort.so").stat().st_size > 0
+
+
 def test_split_tail_is_a_gemm_mn_knob_of_the_last_bucket():
     """Only gemm_mn splits its tail wave (gemm_k's persistent grid has stream-K), and only the bucket past 512
     tokens gets such candidates: below, the per-tile gemm_mn sorts its own tokens and never runs the split pass."""
@@ -593,13 +626,18 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
             staged[name] = "*(uint4*)(out_ptr" in body[0] and "*(float2*)(ws_ptr" in body[0] and not direct
             assert staged[name] == (tile_knob(v).ksplit == 1), (name, v)
     assert any(staged.values()) and not all(staged.values())
-    # ordered gemm_k: a one-block sort (shared-memory atomics on counts), a scatter of the order, then the GEMM whose
-    # copies and stores go through it
+    # ordered gemm_k: the sort's two launches (each block counts its tokens' patterns with shared-memory atomics into
+    # its row of hist; then places them from hist's column sums, with no atomics), then the GEMM whose copies and
+    # stores go through the order
     for name, kind, _, v in cases:
         if name.startswith("ko"):
             mine = [k for k in kernels if re.match(rf" void __launch_bounds__\(\d+\) {name}_kernel", k)]
-            assert any("atomicAdd" in k and "place_ptr" in k.split("{")[0] and "__ballot_sync" in k for k in mine)
-            assert any("perm_ptr[place_ptr[" in k for k in mine), name
+            sorts = [k for k in mine if re.match(r" void __launch_bounds__\(\d+\) \w+\([^)]*hist_ptr[^)]*\) \{", k)]
+            assert len(sorts) == 2, name
+            assert sum("atomicAdd" in k and "__ballot_sync" in k and "perm_ptr" not in k.split("{")[0]
+                       for k in sorts) == 1, name
+            assert sum("atomicAdd" not in k and "__ballot_sync" in k and "perm_ptr[" in k and "smask_ptr" in k
+                       for k in sorts) == 1, name
             assert any("wgmma" in k and "pre_ptr" in k and re.search(r"out_ptr( \+ |\[)\(+\(int64_t\)perm_ptr\[", k)
                        for k in mine), name  # (through the ring, or a split knob's fragments: rows at their tokens)
     # gemm_k's stream-K grid restarts its TMA mbarriers' phases at each tile it takes up

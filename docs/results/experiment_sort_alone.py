@@ -7,6 +7,8 @@ Used to tell whether the crashes of the first ordered O builds were the sort's (
 sorts at 1536-9000 tokens all matched `host_order`; the crash was the GEMM's, docs/performance.md). The function is
 the sort and the scatter launch of `pattern_order(8)` with perm / smask / place as arguments, built as wide-compile
 builds kernels (launch_bounds.as_built: programmatic dependent launch, one block per SM).
+Kept as run: it builds the one-block sort of 2026-12-04 (pattern_order's signature then: perm, smask, place). The
+two-launch sort since the fourteenth session (2026-12-06) is checked and timed by tools/check_token_order.py.
 """
 import os
 import sys

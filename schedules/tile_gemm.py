@@ -61,6 +61,11 @@ class TileKnobs:
     # wgmma gemm_k on the per-tile grid, groups of up to 8: the tiles are of tokens ordered by mask pattern
     # (schedules/token_order.py, two launches in front), so a tile's tokens share the groups they skip (1); 0: in order
     order: int = 0
+    # wgmma GEMMs on the per-tile grid, unswapped: a warpgroup whose 64 rows are all inactive skips its wgmmas (1):
+    # gemm_mn's rows past the group's active count (a group's last tile), gemm_k's rows with no token running the K
+    # step's group(s) (their activations zero-filled); the copies, barriers and wgmma groups stay as they are. 0: every
+    # warpgroup multiplies every step
+    mma_skip: int = 0
 
     def name(self) -> str:
         if self.kernel == "gemv":
@@ -69,7 +74,8 @@ class TileKnobs:
             return (f"wg{self.tokens}n{64 * self.rows}s{self.stages}" + (f"k{self.ksplit}" if self.ksplit > 1 else "")
                     + (f"p{self.producer}" if self.producer else "") + (f"x{self.persistent}" if self.persistent else "")
                     + ("t" if self.swap else "") + (f"l{self.l2}" if self.l2 else "")
-                    + (f"w{self.tail}" if self.tail else "") + ("o" if self.order else ""))
+                    + (f"w{self.tail}" if self.tail else "") + ("o" if self.order else "")
+                    + ("m" if self.mma_skip else ""))
         return f"t{self.tokens}r{self.rows}s{self.stages}p{self.prefetch}"
 
 
@@ -89,20 +95,20 @@ DEFAULT_TILES = (GEMV_TILES, TileKnobs(), TileKnobs())
 def tile_knob(entry) -> TileKnobs:
     """One bucket's knobs from a log or sweep entry: [tokens, rows, stages, prefetch], ["gemv"], or
     ["wgmma", tokens, rows, stages(, ksplit(, producer warps(, persistent blocks(, swap(, L2 prefetch bytes(, tail
-    shares(, pattern order)))))))]."""
+    shares(, pattern order(, MMA skip))))))))]."""
     entry = list(entry)
     if entry == ["gemv"]:
         return GEMV_TILES
     if entry and entry[0] == "wgmma":
-        if len(entry) not in range(4, 12):
+        if len(entry) not in range(4, 13):
             raise ValueError(f"wgmma tile knobs {entry}: expected ['wgmma', tokens, rows (N / 64), stages(, ksplit"
                              "(, producer warps(, persistent blocks(, swap(, L2 prefetch bytes(, tail shares(, pattern "
-                             "order)))))))]")
+                             "order(, MMA skip))))))))]")
         knobs = TileKnobs(tokens=entry[1], rows=entry[2], stages=entry[3], kernel="wgmma",
                           ksplit=entry[4] if len(entry) > 4 else 1, producer=entry[5] if len(entry) > 5 else 0,
                           persistent=entry[6] if len(entry) > 6 else 0, swap=entry[7] if len(entry) > 7 else 0,
                           l2=entry[8] if len(entry) > 8 else 0, tail=entry[9] if len(entry) > 9 else 0,
-                          order=entry[10] if len(entry) > 10 else 0)
+                          order=entry[10] if len(entry) > 10 else 0, mma_skip=entry[11] if len(entry) > 11 else 0)
     else:
         knobs = TileKnobs(*entry)
     check_tile_knobs(knobs)
@@ -145,6 +151,9 @@ def check_tile_knobs(knobs: TileKnobs) -> None:
                                                     or knobs.persistent or knobs.tail):
         raise ValueError(f"wgmma tile knobs {knobs}: tokens ordered by mask pattern (order 1) only on the per-tile "
                          "grid of a gemm_k without producer warps")
+    if knobs.kernel == "wgmma" and knobs.mma_skip and (knobs.mma_skip != 1 or knobs.swap or knobs.persistent):
+        raise ValueError(f"wgmma tile knobs {knobs}: a warpgroup skips its wgmmas (MMA skip 1) only on the per-tile "
+                         "grid of an unswapped GEMM (a swapped tile's warpgroups are weight rows)")
     if knobs.kernel == "wgmma" and knobs.swap:
         # (4 warpgroups: TVM's shared-memory sync planner refuses the kernel, "cannot insert syncs inside condition")
         if (knobs.tokens not in SWAP_TOKENS or knobs.stages < 3 or not 1 <= knobs.rows <= 2 or knobs.ksplit < 1
@@ -161,10 +170,11 @@ def check_tile_knobs(knobs: TileKnobs) -> None:
                              "64 tokens), rows 1..4 (wgmma N = 64 rows), stages >= 3, ksplit >= 1, producer "
                              f"warps one of {WGMMA_PRODUCERS}, and a persistent grid of 0 or at least 2 blocks")
         return
-    if knobs.ksplit != 1 or knobs.producer or knobs.persistent or knobs.swap or knobs.l2 or knobs.tail or knobs.order:
+    if (knobs.ksplit != 1 or knobs.producer or knobs.persistent or knobs.swap or knobs.l2 or knobs.tail or knobs.order
+            or knobs.mma_skip):
         raise ValueError(f"tile knobs {knobs}: only the wgmma GEMMs split K over blocks, have producer warps, "
-                         "a persistent grid, swapped operands, an L2 prefetch size, a split tail wave or a pattern "
-                         "order")
+                         "a persistent grid, swapped operands, an L2 prefetch size, a split tail wave, a pattern "
+                         "order or warpgroups that skip their wgmmas")
     if knobs.kernel != "smem" or knobs.tokens % 64 or knobs.rows < 1 or knobs.stages < 2 or knobs.prefetch < 1:
         raise ValueError(f"tile knobs {knobs}: tokens must be a multiple of 64, rows >= 1, stages >= 2, "
                          "prefetch >= 1, kernel 'smem' (or 'gemv', which has no tile GEMM)")

@@ -59,6 +59,12 @@ tokens 3-11 %, gate/up g128 at 160-4096 2-5 %, g32 1-2 %); swapped and persisten
   50 % masks a 128-token tile of 4096 tokens in token order runs all 8 of O's groups, ordered about 6; on the
   H200 the GEMM of O at 4096 tokens takes 174 instead of 238 us, 191 with the two launches (docs/performance.md,
   2026-12-04, eighth and ninth sessions).
+* gemm_mn's per-tile grid, knob `mma_skip`: a warpgroup whose 64 rows are all past the group's active count (a
+  group's last tile, often) runs a copy of the K loop without its wgmmas (the same copies, barriers and wgmma
+  groups, empty), so the other warpgroup has the tensor cores to itself. One branch around the whole loop, and each
+  branch drains its own wgmmas: a branch around the wgmmas inside the loop, or one wait after the two copies, made
+  ptxas serialise every wgmma (C7520 / C7515). gemm_k cannot have it: a step's group is run by some rows of a tile
+  and not others, so its skip would be per step, inside the loop.
 * gemm_mn's per-tile grid past SORT_TOKENS, knob `tail` (`_tail_pass`): where the tiles past the whole waves would
   fill at most half a wave, each is split in K over up to `tail` blocks (helper blocks past the grid's tiles), their
   fp32 partials summed in a fixed order by a second launch (`_sum_tail`).
@@ -140,6 +146,10 @@ def check_wgmma_shape(group_size: int, k_dim: int, knobs: TileKnobs, swiglu: boo
         if knobs.tail:
             raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_mn splits its tail wave (gemm_k: the "
                              "persistent grid's stream-K)")
+        if knobs.mma_skip:
+            # (a step's group is run by some rows of a gemm_k tile and not others: skipping a warpgroup's wgmmas per
+            # step needs a branch inside the K loop, which makes ptxas serialise every wgmma, C7520)
+            raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_mn skips a warpgroup's wgmmas")
         if knobs.persistent and (knobs.producer or knobs.ksplit > 1):
             raise ValueError(f"tile knobs {knobs}: the wgmma gemm_k's persistent grid (stream-K) has every thread "
                              "copy and splits K by itself")
@@ -226,25 +236,32 @@ def _encode_descriptors(xs, base, desc, tid, a_bytes, b_halves=False, swap=False
                                               SWIZZLE_64B if b_halves else SWIZZLE_128B)
 
 
-def _wgmma_step(acc, nb: int, desc, s, S: int, stage: int, b_halves: bool = False):
+def _wgmma_step(acc, nb: int, desc, s, S: int, stage: int, b_halves: bool = False, mma: bool = True):
     """Macro body of K step s: fence, the four k16 wgmmas of ring slot s % S, commit (not waited for). With
-    `b_halves` the weight tile is two nb x 32 K halves (k16 steps 2 and 3 in the second)."""
+    `b_halves` the weight tile is two nb x 32 K halves (k16 steps 2 and 3 in the second). Without `mma` (a
+    warpgroup that skips its wgmmas: knob mma_skip) only the fence and the commit (an empty wgmma group), so the
+    groups that wgmma.wait_group counts are the same either way."""
 
     def b_off(kk):
         return kk % 2 * 32 + kk // 2 * nb * 64 if b_halves else kk * 32
 
     @T.macro
-    def step():
-        T.ptx["wgmma.fence.sync.aligned"]()
+    def mmas():
         for kk in T.unroll(KSTEP // 16):  # descriptors advance 32 bytes per k16 inside the swizzle span
             T.evaluate(_wgmma(acc, nb, desc[0] + T.Cast("uint64", (s % S * stage + kk * 32) // 16),
                               desc[1] + T.Cast("uint64", (s % S * stage + b_off(kk)) // 16)))
+
+    @T.macro
+    def step():
+        T.ptx["wgmma.fence.sync.aligned"]()
+        if mma:
+            mmas()
         T.ptx["wgmma.commit_group.sync.aligned"]()
 
     return step
 
 
-def wgmma_mainloop(knobs: TileKnobs, nb: int, issue, landed=None, lookahead=None):
+def wgmma_mainloop(knobs: TileKnobs, nb: int, issue, landed=None, lookahead=None, active=None):
     """Macro (xs, base, desc, acc, nsteps, tid, *args): zero acc, then the K loop over `nsteps` steps with the
     kernel's `issue(step, slot, nsteps, xs, base, *args)` (cp.async one step's activation and weight tiles into
     ring slot `slot`, or an empty group past the last). xs: the dynamic shared ring; base: a local int32 [1] for its
@@ -254,12 +271,36 @@ def wgmma_mainloop(knobs: TileKnobs, nb: int, issue, landed=None, lookahead=None
     brings in two 64-byte-swizzled halves (_weight_tensor_map), on its mbarrier before step s's block barrier.
     `lookahead(step, *args)`, if given, loads what `issue` of that step reads from shared memory into registers: it
     runs at the end of the step before, so those loads land while the thread waits at the next step's barrier,
-    not between that barrier and the wgmmas."""
+    not between that barrier and the wgmmas. `active(tid, *args)`, if given (knob mma_skip), is whether this
+    thread's warpgroup multiplies at all (false where every row of its 64 is zero-filled in every step): one branch
+    around the whole K loop, whose two copies differ only in the wgmmas. (A branch around a step's wgmmas inside the
+    loop makes ptxas serialise every wgmma, C7520: it cannot tell that the condition is warpgroup-uniform.)"""
     if knobs.producer:
-        return _specialised_mainloop(knobs, nb, issue)
+        return _specialised_mainloop(knobs, nb, issue, active)
     S = knobs.stages
     ring = ring_layout(knobs, nb)
     mma_n = knobs.tokens if knobs.swap else nb
+
+    def k_loop(mma: bool):
+        """The steps: this thread's copies, the block barrier and (with `mma`) its warpgroup's wgmmas."""
+
+        @T.macro
+        def loop(xs, base, desc, acc, nsteps, *args):
+            for s in range(nsteps):
+                T.ptx["cp.async.wait_group"](S - 3)  # this thread's copies of step s landed
+                if landed is not None:
+                    landed(s, *args)
+                T.ptx["fence.proxy.async.shared::cta"]()  # ... and are visible to wgmma (the async proxy)
+                T.tvm_storage_sync("shared")  # everyone's; and step s - 2's wgmmas are done everywhere
+                issue(s + S - 2, (s + S - 2) % S, nsteps, xs, base, *args)
+                _wgmma_step(acc, mma_n, desc, s, S, ring.stage, landed is not None, mma)()
+                T.ptx["wgmma.wait_group.sync.aligned"](1)
+                if lookahead is not None:  # the next issue's operands, loaded while this thread waits for step s + 1
+                    lookahead(s + S - 1, *args)
+
+        return loop
+
+    loop_mma, loop_idle = k_loop(True), k_loop(False)
 
     @T.macro
     def run(xs, base, desc, acc, nsteps, tid, *args):
@@ -273,18 +314,16 @@ def wgmma_mainloop(knobs: TileKnobs, nb: int, issue, landed=None, lookahead=None
             issue(st, st % S, nsteps, xs, base, *args)
         if lookahead is not None:
             lookahead(S - 2, *args)
-        for s in range(nsteps):
-            T.ptx["cp.async.wait_group"](S - 3)  # this thread's copies of step s landed
-            if landed is not None:
-                landed(s, *args)
-            T.ptx["fence.proxy.async.shared::cta"]()  # ... and are visible to wgmma (the async proxy)
-            T.tvm_storage_sync("shared")  # everyone's; and step s - 2's wgmmas are done everywhere
-            issue(s + S - 2, (s + S - 2) % S, nsteps, xs, base, *args)
-            _wgmma_step(acc, mma_n, desc, s, S, ring.stage, landed is not None)()
-            T.ptx["wgmma.wait_group.sync.aligned"](1)
-            if lookahead is not None:  # the next issue's operands, loaded while this thread waits for step s + 1
-                lookahead(s + S - 1, *args)
-        T.ptx["wgmma.wait_group.sync.aligned"](0)
+        if active is None:
+            loop_mma(xs, base, desc, acc, nsteps, *args)
+            T.ptx["wgmma.wait_group.sync.aligned"](0)
+        else:  # (each branch drains its own wgmmas: ptxas then keeps the multiplying one's asynchronous)
+            if active(tid, *args):
+                loop_mma(xs, base, desc, acc, nsteps, *args)
+                T.ptx["wgmma.wait_group.sync.aligned"](0)
+            else:
+                loop_idle(xs, base, desc, acc, nsteps, *args)
+                T.ptx["wgmma.wait_group.sync.aligned"](0)
         T.ptx["cp.async.wait_group"](0)  # no copy outlives the kernel (the last ones were empty groups)
 
     return run
@@ -295,9 +334,9 @@ def _aligned_start(xs):
     return T.Cast("int32", (ALIGN - T.cuda.cvta_generic_to_shared(xs.ptr_to([0])) % ALIGN) % ALIGN)
 
 
-def _specialised_mainloop(knobs: TileKnobs, nb: int, issue):
+def _specialised_mainloop(knobs: TileKnobs, nb: int, issue, active=None):
     """The K loop with producer warps (one tile): `specialised_stages` with the tile's steps numbered from 0."""
-    init, produce, consume = specialised_stages(knobs, nb, issue)
+    init, produce, consume = specialised_stages(knobs, nb, issue, active)
     ring = ring_layout(knobs, nb)
 
     @T.macro
@@ -308,12 +347,12 @@ def _specialised_mainloop(knobs: TileKnobs, nb: int, issue):
             T.ptx["cp.async.wait_group"](0)  # no copy outlives the kernel
         else:
             _encode_descriptors(xs, base, desc, tid, ring.a_bytes)
-            consume(xs, base, desc, acc, nsteps, 0, tid)
+            consume(xs, base, desc, acc, nsteps, 0, tid, *args)
 
     return run
 
 
-def specialised_stages(knobs: TileKnobs, nb: int, issue):
+def specialised_stages(knobs: TileKnobs, nb: int, issue, active=None):
     """Macros (init, produce, consume) of a warp-specialised K loop. The producer warps fill ring slot i % S (i:
     the block's running step count, so a persistent block's tiles continue one ring) once the warpgroups have
     released it, and mark it full with cp.async.mbarrier.arrive (it completes when their copies land); the
@@ -324,12 +363,30 @@ def specialised_stages(knobs: TileKnobs, nb: int, issue):
 
     init(xs, base, tid): the ring's aligned start (every thread), the barriers (thread 0), a block barrier;
     produce(xs, base, nsteps, i0, *args): a producer thread's copies of one tile's steps (running steps i0 ..);
-    consume(xs, base, desc, acc, nsteps, i0, tid): a warpgroup thread's zeroed acc through one tile's steps."""
+    consume(xs, base, desc, acc, nsteps, i0, tid, *args): a warpgroup thread's zeroed acc through one tile's steps
+    (its wgmmas only where `active(s, tid, *args)` holds, if given: wgmma_mainloop)."""
     S = knobs.stages
     ring = ring_layout(knobs, nb)
 
     def bar(xs, base, i):
         return xs.ptr_to([(base[0] + S * ring.stage + MBARRIER_BYTES * i) // 2])
+
+    def consumer_steps(mma: bool):
+        """A warpgroup's steps of one tile (with `mma` its wgmmas; without, it only takes and releases the slots)."""
+
+        @T.macro
+        def steps(xs, base, desc, acc, nsteps, i0, tid):
+            for s in range(nsteps):
+                T.cuda.mbarrier_wait(bar(xs, base, (i0 + s) % S), (i0 + s) // S % 2)  # the step's copies landed
+                T.ptx["fence.proxy.async.shared::cta"]()  # ... visible to wgmma (the async proxy)
+                _wgmma_step(acc, nb, desc, i0 + s, S, ring.stage, False, mma)()
+                T.ptx["wgmma.wait_group.sync.aligned"](1)  # the step before's wgmmas are done: release its slot
+                if s > 0 and tid % 32 == 0:
+                    T.ptx["mbarrier.arrive.shared::cta.b64"](bar(xs, base, S + (i0 + s - 1) % S))
+
+        return steps
+
+    steps_mma, steps_idle = consumer_steps(True), consumer_steps(False)
 
     @T.macro
     def init(xs, base, tid):
@@ -349,17 +406,19 @@ def specialised_stages(knobs: TileKnobs, nb: int, issue):
             T.ptx["cp.async.mbarrier.arrive.noinc.shared::cta.b64"](bar(xs, base, (i0 + s) % S))
 
     @T.macro
-    def consume(xs, base, desc, acc, nsteps, i0, tid):
+    def consume(xs, base, desc, acc, nsteps, i0, tid, *args):
         for a in T.unroll(nb // 2):
             acc[a] = T.float32(0)
-        for s in range(nsteps):
-            T.cuda.mbarrier_wait(bar(xs, base, (i0 + s) % S), (i0 + s) // S % 2)  # the step's copies landed
-            T.ptx["fence.proxy.async.shared::cta"]()  # ... visible to wgmma (the async proxy)
-            _wgmma_step(acc, nb, desc, i0 + s, S, ring.stage)()
-            T.ptx["wgmma.wait_group.sync.aligned"](1)  # the step before's wgmmas are done: release its slot
-            if s > 0 and tid % 32 == 0:
-                T.ptx["mbarrier.arrive.shared::cta.b64"](bar(xs, base, S + (i0 + s - 1) % S))
-        T.ptx["wgmma.wait_group.sync.aligned"](0)
+        if active is None:
+            steps_mma(xs, base, desc, acc, nsteps, i0, tid)
+            T.ptx["wgmma.wait_group.sync.aligned"](0)
+        else:
+            if active(tid, *args):
+                steps_mma(xs, base, desc, acc, nsteps, i0, tid)
+                T.ptx["wgmma.wait_group.sync.aligned"](0)
+            else:
+                steps_idle(xs, base, desc, acc, nsteps, i0, tid)
+                T.ptx["wgmma.wait_group.sync.aligned"](0)
         if nsteps > 0 and tid % 32 == 0:  # and the tile's last slot
             T.ptx["mbarrier.arrive.shared::cta.b64"](bar(xs, base, S + (i0 + nsteps - 1) % S))
 
@@ -447,7 +506,9 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     ZU = BN // 8  # 16-byte output units per token row of the block
     KB, NST = knobs.ksplit, K // KSTEP  # blocks splitting K (blockIdx.y = column block x KB + split), K steps
     TAIL = bool(knobs.tail)  # past SORT_TOKENS the last wave's tiles split in K (_tail_pass)
-    GI = 3 if TAIL else 2  # a block's group, its active tokens (, the first K step of its share)
+    SKIP = bool(knobs.mma_skip)  # a warpgroup whose rows are all past the group's count skips its wgmmas
+    GI = (3 if TAIL else 2) + SKIP  # a block's group, its active tokens (, the first K step of its share)(, whether
+    SK = GI - 1  # ... this thread's warpgroup has a row below the count: mma_skip)
     WARPS = THREADS // 32
     SR = (SORT_TOKENS + THREADS - 1) // THREADS  # mask loads per thread when a block sorts its tokens
 
@@ -527,7 +588,16 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                     copy_w(step, slot, xs, base, wg, c, gi, bg, ct)
         T.ptx["cp.async.commit_group"]()
 
-    run = wgmma_mainloop(knobs, NB, issue)
+    def rows_active(tid, x, wg, wu, trow, tsz, gi, bg, ct):
+        """Whether this thread's warpgroup multiplies (mma_skip): gi[SK], set per tile by warpgroup_rows."""
+        return gi[SK] != 0
+
+    run = wgmma_mainloop(knobs, NB, issue, active=rows_active if SKIP else None)
+
+    @T.macro
+    def warpgroup_rows(gi, bt, tid):
+        """gi[SK] (mma_skip): 1 where this thread's warpgroup has a row of token tile bt below the group's count."""
+        gi[SK] = T.Select(bt * BT + tid // 128 * 64 < gi[1], 1, 0)
 
     @T.macro
     def copy_rows(trow, tsz, order, gi, bt, ct):
@@ -655,6 +725,8 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
                             tsz = T.decl_buffer((CA,), "uint32", scope="local")  # its bytes: 16, or 0 past the count
                             if tid >= ring.copier0:
                                 copy_rows(trow, tsz, tokens(order, sl), gi, bt, tid - ring.copier0)
+                            if SKIP:
+                                warpgroup_rows(gi, bt, tid)
                             run(xs, base, desc, acc, split_steps(bg), tid, x, wg, wu, trow, tsz, gi, bg,
                                 tid - ring.copier0)
                             if KB == 1 and not SW:  # (every thread: block barriers)
@@ -752,6 +824,7 @@ def _tail_pass(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: int, ring
     tile count in front of it (counting before the tile check: the same); the split saves 18-29 % on Q at 513-768
     / 2048 tokens and 16 % past a 264-tile cliff at 4096 (docs/performance.md)."""
     BT, NST, TAIL = knobs.tokens, K // KSTEP, knobs.tail
+    SKIP = bool(knobs.mma_skip)
     THREADS, CA = ring.threads, (BT * 8 + ring.copiers - 1) // ring.copiers
     BPG = gs // BN
     P = tail_blocks(knobs, NB)
@@ -791,7 +864,8 @@ def _tail_pass(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: int, ring
                 pre = T.decl_buffer((G + 1,), "int32", scope="shared")
                 scan = T.decl_buffer((THREADS,), "int32", scope="shared")
                 for tid in T.thread_binding(THREADS, thread="threadIdx.x"):
-                    gi = T.decl_buffer((3,), "int32", scope="local")  # group, its active tokens, first K step
+                    # group, its active tokens, first K step (, whether this warpgroup has a row below the count)
+                    gi = T.decl_buffer((3 + SKIP,), "int32", scope="local")
                     reg = T.decl_buffer((3,), "int32", scope="local")  # tile_prefix's scratch
                     wt = T.decl_buffer((3,), "int32", scope="local")  # warp_tiles': all tiles, those before g
                     loc = T.decl_buffer((4,), "int32", scope="local")  # decode's: group, token tile, block group
@@ -842,6 +916,8 @@ def _tail_pass(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: int, ring
                         tsz = T.decl_buffer((CA,), "uint32", scope="local")
                         if tid >= ring.copier0:
                             copy_rows(trow, tsz, order, gi, sp[2], tid - ring.copier0)
+                        if SKIP:  # (wgmma_mn_body's warpgroup_rows)
+                            gi[3] = T.Select(sp[2] * BT + tid // 128 * 64 < gi[1], 1, 0)
                         run(xs, base, desc, acc, sp[4], tid, x, wg, wu, trow, tsz, gi, sp[3], tid - ring.copier0)
                         if sp[1] < 0:
                             staged_store(xs, base, acc, tid, out, sp[2] * BT, chan0(gi, sp[3]), gi[1], order, gi,

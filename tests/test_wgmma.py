@@ -47,6 +47,10 @@ def test_wgmma_knobs_parse_name_and_validate():
     # ... gemm_k's tiles over tokens ordered by mask pattern (O's 8 head groups, past 512 tokens)
     assert tile_knob(["wgmma", 128, 2, 6, 2, 0, 0, 0, 0, 0, 1]) == TileKnobs(128, 2, 6, 1, "wgmma", 2, order=1)
     assert tile_knob(["wgmma", 128, 2, 6, 2, 0, 0, 0, 0, 0, 1]).name() == "wg128n128s6k2o"
+    # ... gemm_mn's warpgroups whose rows are all past the group's count skipping their wgmmas
+    assert tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 0, 0, 1]) == TileKnobs(128, 4, 4, 1, "wgmma", 1, 4,
+                                                                                  mma_skip=1)
+    assert tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8, 0, 1]).name() == "wg128n256s4p4w8m"
     for bad, why in ((["wgmma", 192, 4, 3], "tokens must be one of"), (["wgmma", 128, 5, 4], "rows 1..4"),
                      (["wgmma", 128, 4, 2], "stages >= 3"), (["wgmma", 128, 4], "expected \\['wgmma'"),
                      (["wgmma", 128, 4, 4, 0], "ksplit >= 1"), (["wgmma", 128, 4, 4, 1, 3], "producer warps one of"),
@@ -60,7 +64,11 @@ def test_wgmma_knobs_parse_name_and_validate():
                      (["wgmma", 80, 2, 4, 1, 0, 0, 2], "tokens a multiple of 8"),
                      ([128, 1, 3, 1, "smem", 1, 0, 0, 1], "swapped operands"),
                      (["wgmma", 80, 1, 6, 1, 0, 0, 1, 512], "an L2 prefetch is one of"),
-                     (["wgmma", 80, 1, 6, 1, 0, 0, 1, 256, 8, 1, 0], "expected \\['wgmma'"),
+                     (["wgmma", 80, 1, 6, 1, 0, 0, 1, 256, 8, 1, 0, 0], "expected \\['wgmma'"),
+                     (["wgmma", 80, 1, 6, 1, 0, 0, 1, 0, 0, 0, 1], "MMA skip 1"),
+                     (["wgmma", 128, 4, 4, 1, 4, 132, 0, 0, 0, 0, 1], "MMA skip 1"),
+                     (["wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 0, 2], "MMA skip 1"),
+                     ([128, 1, 3, 1, "smem", 1, 0, 0, 0, 0, 0, 0, 1], "skip their wgmmas"),
                      (["wgmma", 128, 4, 4, 1, 0, 132, 0, 0, 0, 1], "ordered by mask pattern"),
                      (["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 0, 1], "ordered by mask pattern"),
                      (["wgmma", 80, 1, 6, 1, 0, 0, 1, 0, 0, 1], "ordered by mask pattern"),
@@ -74,6 +82,10 @@ def test_wgmma_knobs_parse_name_and_validate():
                      ([128, 1, 3, 1, "smem", 1, 0, 0, 0, 256], "an L2 prefetch size")):
         with pytest.raises(ValueError, match=why):
             tile_knob(bad)
+    # the MMA skip is gemm_mn's (a gemm_k tile's rows run different groups step by step)
+    with pytest.raises(ValueError, match="only the wgmma gemm_mn skips"):
+        check_wgmma_shape(128, 4096, tile_knob(["wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 0, 1]))
+    check_wgmma_shape(128, 4096, tile_knob(["wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 0, 1]), True)
     # a target without wgmma (not sm_90a) keeps the other picks and gets the mma.sync tile GEMM for wgmma ones
     log = [["gemv"], [64, 1, 3, 1], ["wgmma", 128, 4, 4]]
     assert tile_knobs(log)[2] == WGMMA_TILES
@@ -353,6 +365,25 @@ def test_pattern_order_builds_as_two_many_block_launches(tmp_path):
     assert (tmp_path / "sort.so").stat().st_size > 0
 
 
+def test_mma_skip_is_a_knob_of_gemm_mns_tile_buckets():
+    """The warpgroup MMA skip (mma_skip) is a candidate of gemm_mn's tile buckets (its split-tail form past 512 tokens
+    only), never of gemm_k's."""
+    from wide_tvm.bench.workloads import SKIP_VARIANTS, WGMMA_VARIANTS, mma_skip, tile_name
+    from wide_tvm.schedules import knob_space as ks
+
+    assert set(SKIP_VARIANTS) <= set(WGMMA_VARIANTS)
+    assert all(tile_name(v) == tile_knob(v).name() and tile_knob(v).name().endswith("m") for v in SKIP_VARIANTS)
+    for kind, g, gs in (("gemm_mn_swiglu", 112, 128), ("gemm_mn_swiglu", 448, 32), ("gemm_mn", 8, 512),
+                        ("gemm_k", 112, 128), ("gemm_k", 8, 512)):
+        skips = [[v for v in ks.KnobTask(kind, g, gs, 4096, "float16", "tc", "tile", bucket, wgmma=True)
+                  .choices()["variant"] if mma_skip(v)] for bucket in range(3)]
+        if kind == "gemm_k":
+            assert skips == [[], [], []], kind
+        else:
+            assert skips[0] == skips[1] and set(skips[1]) < set(skips[2]), (kind, skips)
+            assert all(not tile_knob(v).tail for v in skips[1]) and any(tile_knob(v).tail for v in skips[2])
+
+
 def test_split_tail_is_a_gemm_mn_knob_of_the_last_bucket():
     """Only gemm_mn splits its tail wave (gemm_k's persistent grid has stream-K), and only the bucket past 512
     tokens gets such candidates: below, the per-tile gemm_mn sorts its own tokens and never runs the split pass."""
@@ -581,7 +612,7 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
     # gemm_k's persistent grid (stream-K, gemm_k's alone): 4 K steps, so that a share can be a quarter tile
     for i, v in enumerate(STREAM_K_VARIANTS):
         cases.append((f"kx{i}", "k", (4, 64, 256), v))
-    cases.append(("mn32", "mn", (6, 32, 64, True), ("wgmma", 128, 4, 4)))
+    cases.append(("g32mn", "mn", (6, 32, 64, True), ("wgmma", 128, 4, 4)))  # (not mn{i}: a name of its own)
     # gemm_k over tokens ordered by mask pattern (gemm_k's alone, at most 8 groups), one of them split over blocks
     for i, v in enumerate(ORDER_VARIANTS + (("wgmma", 128, 2, 6, 2, 0, 0, 0, 0, 0, 1),)):
         cases.append((f"ko{i}", "k", (8, 64, 256), v))
@@ -681,16 +712,24 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
             zeros = [k for k in kernels if re.match(rf" void __launch_bounds__\(256\) {name}_kernel", k)
                      and k.split("{")[0].count("_ptr") == 2 and "mask_ptr" in k.split("{")[0] and ZERO in k]
             assert len(zeros) == (kn.ksplit == 1 and not kn.persistent), (name, v)
+            # a warpgroup whose rows are all past the group's count runs a copy of the K loop without wgmmas (a
+            # fence and an empty commit a step): two K loops, the same wgmmas
+            for body in bodies:
+                commits = body.count("wgmma_commit_group_commit_group_sync_aligned()")
+                mmas = len(re.findall(r"wgmma_f16_ss_mma_async_sync_aligned_m64n\d+k16", body))
+                assert commits and mmas == (2 if kn.mma_skip else 4) * commits, (name, v, commits, mmas)
             if kn.tail:  # ... and a split tail's: the shares' partials summed, then written to the tokens' rows
                 assert any("*(float2*)(ws_ptr" in b for b in bodies), (name, v)
                 assert any(re.match(rf" void __launch_bounds__\(256\) {name}_kernel", k) and "hdr_ptr" in k
                            and "order_ptr" in k.split("{")[0] for k in kernels), (name, v)
     assert kinds == {(False, False), (False, True), (True, False), (True, True)}
+    assert any(tile_knob(v).mma_skip for _, kind, _, v in cases if kind == "mn")
     # ptxas keeps every kernel's wgmmas asynchronous (C7514: serialised, e.g. by accumulator reads it cannot
-    # place after the K loop's last wait)
+    # place after the K loop's last wait; C7515 / C7520: by the MMA skip's branch, unless each branch drains its own
+    # wgmmas)
     for i, half in enumerate(halves):
         (tmp_path / f"h{i}.cu").write_text(half)
         res = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / f"h{i}.cubin"),
                               str(tmp_path / f"h{i}.cu")], capture_output=True, text=True)
         assert res.returncode == 0, res.stderr[-2000:]
-        assert "C7514" not in res.stdout + res.stderr, [ln for ln in res.stderr.splitlines() if "C751" in ln]
+        assert "serialized" not in res.stdout + res.stderr, [ln for ln in res.stderr.splitlines() if "C75" in ln]

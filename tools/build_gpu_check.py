@@ -184,6 +184,16 @@ KERNELS = [
     ("gemm_k", 3, 64, 256, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 1)),
     ("gemm_k", 1, 128, 128, "float16", "tc", None, ("wgmma", 64, 2, 4, 3, 0, 0, 0, 0, 0, 1)),
     ("gemm_k", 5, 32, 64, "float16", "tc", None, ("wgmma", 128, 1, 4, 1, 0, 0, 0, 0, 0, 1)),
+    # gemm_mn with a warpgroup whose rows are all past the group's count skipping its wgmmas (knob mma_skip; check
+    # at --counts past 512 too): the picks' shapes with producer warps, split K, the split tail, every thread
+    # copying, small shapes
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 0, 0, 1)),
+    ("gemm_mn_swiglu", 448, 32, 4096, "float16", "tc", None, ("wgmma", 128, 2, 4, 1, 4, 0, 0, 0, 0, 0, 1)),
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 128, 2, 6, 4, 0, 0, 0, 0, 0, 0, 1)),
+    ("gemm_mn", 8, 512, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8, 0, 1)),
+    ("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", None, ("wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 0, 1)),
+    ("gemm_mn_swiglu", 4, 64, 128, "float16", "tc", None, ("wgmma", 128, 2, 4, 1, 2, 0, 0, 0, 0, 0, 1)),
+    ("gemm_mn_swiglu", 6, 32, 64, "float16", "tc", None, ("wgmma", 128, 2, 4, 2, 0, 0, 0, 0, 0, 0, 1)),
 ]
 
 

@@ -160,6 +160,14 @@ WGMMA_VARIANTS += TAIL_VARIANTS
 ORDER_VARIANTS = (("wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 1), ("wgmma", 128, 2, 6, 1, 0, 0, 0, 0, 0, 1),
                   ("wgmma", 64, 4, 5, 1, 0, 0, 0, 0, 0, 1))
 WGMMA_VARIANTS += ORDER_VARIANTS
+# gemm_mn on the per-tile grid with a warpgroup whose 64 rows are all past the group's active count skipping its
+# wgmmas (knob mma_skip, the twelfth entry): a group's last token tile holds fewer than 65 active tokens for about
+# half the groups, which at 129-512 tokens is a third to a fifth of all tiles (schedules.wgmma_gemm: one branch
+# around the K loop); the bases are the gemm_mn picks of the H200 database
+SKIP_VARIANTS = (("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 0, 0, 1), ("wgmma", 128, 2, 4, 1, 4, 0, 0, 0, 0, 0, 1),
+                 ("wgmma", 128, 2, 6, 4, 0, 0, 0, 0, 0, 0, 1), ("wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 0, 1),
+                 ("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8, 0, 1))
+WGMMA_VARIANTS += SKIP_VARIANTS
 ORDER_GROUPS = 8  # = schedules.token_order.MAX_GROUPS
 TILE_BUCKETS = (128, 512)  # = schedules.tile_gemm.TILE_BUCKETS
 TILE_SWEEP_BUCKETS = tuple(f"tiles{b}" for b in TILE_BUCKETS) + ("tiles",)  # their names in a sweep's picks
@@ -198,13 +206,20 @@ def wgmma_fits(w: Workload, v: tuple) -> bool:
         return (w.k % 64 == 0 and bn % 16 == 0 and w.group_size % bn == 0 and nw * bn % 64 == 0
                 and (len(v) < 7 or not v[6] or (v[4] == 1 and bool(v[5])))  # a persistent grid: producer warps
                 and (len(v) < 10 or not v[9] or (v[4] == 1 and not any(v[6:8])))  # a split tail: per tile, unsplit
-                and not ordered(v))  # tokens ordered by pattern: gemm_k's alone
+                and not ordered(v)  # tokens ordered by pattern: gemm_k's alone
+                and (not mma_skip(v) or not any(v[6:8])))  # warpgroups skipping their wgmmas: per tile, unswapped
     whole = w.group_size % 64 == 0 or w.group_size == 32  # whole K steps, or two groups a step
     stream_k = len(v) > 6 and v[6]  # a persistent grid: every thread copies, K shared out by the grid itself
-    return (whole and w.n % (64 * v[2]) == 0 and not any(v[7:10])  # no swap, L2 prefetch or split tail
+    return (whole and w.n % (64 * v[2]) == 0 and not any(v[7:10]) and not mma_skip(v)  # no swap, L2 prefetch, split
+            # tail or warpgroup MMA skip
             and (not stream_k or (v[4] == 1 and not v[5]))
             and (not ordered(v) or (w.groups <= ORDER_GROUPS and not stream_k and not v[5]
                                     and (w.group_size % 64 == 0 or v[1] == 128))))  # ... with lookahead
+
+
+def mma_skip(v: tuple) -> bool:
+    """Whether a wgmma tile variant's warpgroups skip their wgmmas where all their rows are inactive (twelfth entry)."""
+    return len(v) > 11 and bool(v[11])
 
 
 def ordered(v: tuple) -> bool:
@@ -218,7 +233,8 @@ def tile_name(v: tuple) -> str:
         return (f"wg{v[1]}n{64 * v[2]}s{v[3]}" + (f"k{v[4]}" if len(v) > 4 and v[4] > 1 else "")
                 + (f"p{v[5]}" if len(v) > 5 and v[5] else "") + (f"x{v[6]}" if len(v) > 6 and v[6] else "")
                 + ("t" if len(v) > 7 and v[7] else "") + (f"l{v[8]}" if len(v) > 8 and v[8] else "")
-                + (f"w{v[9]}" if len(v) > 9 and v[9] else "") + ("o" if ordered(v) else ""))
+                + (f"w{v[9]}" if len(v) > 9 and v[9] else "") + ("o" if ordered(v) else "")
+                + ("m" if mma_skip(v) else ""))
     return "gemv64" if v == ("gemv",) else "t{}r{}s{}p{}".format(*v)
 
 

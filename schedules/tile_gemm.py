@@ -61,10 +61,10 @@ class TileKnobs:
     # wgmma gemm_k on the per-tile grid, groups of up to 8: the tiles are of tokens ordered by mask pattern
     # (schedules/token_order.py, two launches in front), so a tile's tokens share the groups they skip (1); 0: in order
     order: int = 0
-    # wgmma GEMMs on the per-tile grid, unswapped: a warpgroup whose 64 rows are all inactive skips its wgmmas (1):
-    # gemm_mn's rows past the group's active count (a group's last tile), gemm_k's rows with no token running the K
-    # step's group(s) (their activations zero-filled); the copies, barriers and wgmma groups stay as they are. 0: every
-    # warpgroup multiplies every step
+    # wgmma gemm_mn on the per-tile grid, unswapped: a warpgroup whose 64 rows are all past the group's active count
+    # (a group's last tile) runs its K loop without wgmmas (1); the copies, barriers and wgmma groups stay as they
+    # are. 0: every warpgroup multiplies every step. (gemm_k has no such knob: a K step's group is run by some rows
+    # of a tile and not others, so its skip would sit inside the K loop, where ptxas serialises every wgmma.)
     mma_skip: int = 0
 
     def name(self) -> str:

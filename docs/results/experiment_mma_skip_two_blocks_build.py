@@ -1,0 +1,52 @@
+"""Bench build of gate/up g32 alone whose tile buckets run the database's picks with knob mma_skip on AND their
+wgmma kernels launch-bounded to two resident blocks per SM (`__launch_bounds__(384, 2)`: at most 85 registers a
+thread) instead of the library's one: does the bound win back the occupancy that mma_skip's extra registers cost
+(docs/performance.md, sixteenth session)?
+
+    python docs/results/experiment_mma_skip_two_blocks_build.py OUT [--blocks N] [--no-skip] [--records-of REV]
+"""
+import argparse
+import dataclasses
+
+from tvm import tirx
+
+import wide_tvm.bench.build as B
+from wide_tvm.bench.workloads import LLAMA_8B
+from wide_tvm.schedules import launch_bounds as LB
+from wide_tvm.schedules.dependent_launch import dependent_launch, map_kernels, wrap_kernel_body
+
+p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+p.add_argument("out")
+p.add_argument("--blocks", type=int, default=2, help="resident blocks per SM the wgmma kernels are bounded to")
+p.add_argument("--no-skip", action="store_true", help="the picks as they are (the bound alone)")
+p.add_argument("--records-of", default="HEAD", help="the revision whose database records apply ('': today's)")
+args = p.parse_args()
+orig = B.gated_kernel
+
+
+def patched(kind, *a, **kw):
+    tk = kw.get("tile_knobs")
+    if tk and kind.startswith("gemm_mn") and not args.no_skip:
+        kw["tile_knobs"] = tuple(dataclasses.replace(k, mma_skip=1) if k.kernel == "wgmma" and not k.swap
+                                 and not k.persistent else k for k in tk)
+        print(kind, a[:2], [k.name() for k in kw["tile_knobs"]])
+    return orig(kind, *a, **kw)
+
+
+def bounded(func, dependent):
+    """as_built with `--blocks` resident blocks per SM for the wgmma kernels."""
+    func = dependent_launch(func) if dependent else func
+
+    def bound(kernel):
+        if not LB._uses_wgmma(kernel):
+            return kernel
+        return wrap_kernel_body(kernel, lambda body: tirx.AttrStmt(tirx.const(0, "int32"), LB.MIN_BLOCKS,
+                                                                    tirx.const(args.blocks, "int32"), body))
+
+    return func.with_body(map_kernels(func.body, bound))
+
+
+B.gated_kernel = patched
+B.as_built = bounded
+B.build(args.out, workloads=[w for w in LLAMA_8B if w.name == "gate_up_g32"], records_of=args.records_of or None)
+print("built", args.out)

@@ -8,9 +8,9 @@ thread) instead of the library's one: does the bound win back the occupancy that
 import argparse
 import dataclasses
 
-from tvm import tirx
+import wide_tvm.bench.build as B  # first: it sets up the ahead-of-time CUDA build before TVM loads
 
-import wide_tvm.bench.build as B
+from tvm import tirx
 from wide_tvm.bench.workloads import LLAMA_8B
 from wide_tvm.schedules import launch_bounds as LB
 from wide_tvm.schedules.dependent_launch import dependent_launch, map_kernels, wrap_kernel_body

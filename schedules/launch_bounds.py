@@ -28,21 +28,22 @@ def _uses_wgmma(kernel: tirx.For) -> bool:
     return "wgmma" in kernel.script()
 
 
-def _bounded_if_wgmma(kernel: tirx.For) -> tirx.For:
-    """The kernel with the one-block bound inside its thread bindings if it issues wgmma, else as it is."""
+def _bounded_if_wgmma(kernel: tirx.For, blocks: int) -> tirx.For:
+    """The kernel with a `blocks`-per-SM bound inside its thread bindings if it issues wgmma, else as it is."""
     if not _uses_wgmma(kernel):
         return kernel
     return wrap_kernel_body(kernel, lambda body: tirx.AttrStmt(tirx.const(0, "int32"), MIN_BLOCKS,
-                                                                tirx.const(1, "int32"), body))
+                                                                tirx.const(blocks, "int32"), body))
 
 
-def one_block_per_sm(func: tirx.PrimFunc) -> tirx.PrimFunc:
+def one_block_per_sm(func: tirx.PrimFunc, blocks: int = 1) -> tirx.PrimFunc:
     """`func` with every kernel that issues wgmma launch-bounded to one resident block per SM (every other kernel
-    as it was)."""
-    return func.with_body(map_kernels(func.body, _bounded_if_wgmma))
+    as it was); `blocks`: that many instead (an experiment's bound, docs/results/
+    experiment_mma_skip_two_blocks_build.py)."""
+    return func.with_body(map_kernels(func.body, lambda kernel: _bounded_if_wgmma(kernel, blocks)))
 
 
-def as_built(func: tirx.PrimFunc, dependent: bool) -> tirx.PrimFunc:
-    """`func` as the library builds it: one block per SM for its wgmma kernels and, where `dependent` (sm_90 on:
-    targets.launches_dependents), every kernel a programmatic dependent launch (dependent_launch.py)."""
-    return one_block_per_sm(dependent_launch(func) if dependent else func)
+def as_built(func: tirx.PrimFunc, dependent: bool, blocks: int = 1) -> tirx.PrimFunc:
+    """`func` as the library builds it: one block per SM (`blocks`) for its wgmma kernels and, where `dependent`
+    (sm_90 on: targets.launches_dependents), every kernel a programmatic dependent launch (dependent_launch.py)."""
+    return one_block_per_sm(dependent_launch(func) if dependent else func, blocks)

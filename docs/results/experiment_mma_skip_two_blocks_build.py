@@ -7,13 +7,12 @@ thread) instead of the library's one: does the bound win back the occupancy that
 """
 import argparse
 import dataclasses
+import functools
 
 import wide_tvm.bench.build as B  # first: it sets up the ahead-of-time CUDA build before TVM loads
 
-from tvm import tirx
 from wide_tvm.bench.workloads import LLAMA_8B
-from wide_tvm.schedules import launch_bounds as LB
-from wide_tvm.schedules.dependent_launch import dependent_launch, map_kernels, wrap_kernel_body
+from wide_tvm.schedules.launch_bounds import as_built
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("out")
@@ -33,20 +32,7 @@ def patched(kind, *a, **kw):
     return orig(kind, *a, **kw)
 
 
-def bounded(func, dependent):
-    """as_built with `--blocks` resident blocks per SM for the wgmma kernels."""
-    func = dependent_launch(func) if dependent else func
-
-    def bound(kernel):
-        if not LB._uses_wgmma(kernel):
-            return kernel
-        return wrap_kernel_body(kernel, lambda body: tirx.AttrStmt(tirx.const(0, "int32"), LB.MIN_BLOCKS,
-                                                                    tirx.const(args.blocks, "int32"), body))
-
-    return func.with_body(map_kernels(func.body, bound))
-
-
 B.gated_kernel = patched
-B.as_built = bounded
+B.as_built = functools.partial(as_built, blocks=args.blocks)  # the library's build, `--blocks` per SM
 B.build(args.out, workloads=[w for w in LLAMA_8B if w.name == "gate_up_g32"], records_of=args.records_of or None)
 print("built", args.out)

@@ -114,14 +114,12 @@ class KnobTask:
         # active tokens in one tile only over part of the 129-512 bucket, and past it in two or three (on the H200
         # the bucket's two-count runner picked them, and they were 5-35 % slower at 129-192 and 320-384 tokens:
         # docs/performance.md, "gemm_mn with swapped operands")
-        # split-tail candidates past 128 tokens: the tile count of a group's 129-256 active tokens leaves a last wave
-        # of a few tiles at 129-512 tokens as past them (docs/performance.md, seventeenth session); at <= 128 the
-        # swapped kernels take a group's tokens in one tile
+        # split-tail candidates only past 512 tokens: below, their kernels are the same as without the split (the
+        # per-tile gemm_mn sorts its tokens itself there and never runs the pass that splits)
         # pattern-ordered gemm_k candidates only past 512 tokens, where the sort's launch is a small part of the time
         # and many tiles can share skips
         wg = tuple(v for v in WGMMA_VARIANTS if wgmma_fits(w, v) and (self.bucket == 0 or not _swapped(v))
-                   and (self.bucket > 0 or not _split_tail(v))
-                   and (self.bucket == len(TILE_TOKENS) - 1 or not ordered(v))) \
+                   and (self.bucket == len(TILE_TOKENS) - 1 or not (_split_tail(v) or ordered(v)))) \
             if self.wgmma else ()
         return {"variant": TILE_VARIANTS + wg}
 

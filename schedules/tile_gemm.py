@@ -54,10 +54,9 @@ class TileKnobs:
     # wgmma gemm_mn: the weights' cp.async asks L2 to prefetch this many bytes around each 16-byte copy (0, or one of
     # L2_PREFETCH: PTX's .L2::64B/128B/256B), so a memory-bound tile's DRAM requests are fewer and larger
     l2: int = 0
-    # wgmma gemm_mn on the per-tile grid (reading the reorder at every count): when the tiles past the last whole
-    # wave of blocks fill at most half a wave, each of them is split in K over up to this many blocks (extra blocks
-    # past the grid's tiles), their fp32 partials summed by a second launch; 0: those tiles run whole, a wave of
-    # their own
+    # wgmma gemm_mn on the per-tile grid, past SORT_TOKENS: when the tiles past the last whole wave of blocks fill
+    # at most half a wave, each of them is split in K over up to this many blocks (extra blocks past the grid's
+    # tiles), their fp32 partials summed by a second launch; 0: those tiles run whole, a wave of their own
     tail: int = 0
     # wgmma gemm_k on the per-tile grid, groups of up to 8: the tiles are of tokens ordered by mask pattern
     # (schedules/token_order.py, two launches in front), so a tile's tokens share the groups they skip (1); 0: in order

@@ -67,12 +67,9 @@ tokens 3-11 %, gate/up g128 at 160-4096 2-5 %, g32 1-2 %); swapped and persisten
   and not others, so its skip would be per step, inside the loop. On an H100 it gains 0.7-1.9 % for gate/up g128 at
   256-512 tokens and ~0.5 % for Q, and costs gate/up g32 13 % (94-96 registers a thread instead of 72: one
   384-thread block per SM instead of two; bounded to two blocks, 80 registers, it does not), so no pick has it (docs/performance.md, sixteenth session).
-* gemm_mn's per-tile grid, knob `tail` (`_tail_pass`): where the tiles past the whole waves would fill at most half
-  a wave, each is split in K over up to `tail` blocks (helper blocks past the grid's tiles), their fp32 partials
-  summed in a fixed order by a second launch (`_sum_tail`). Such a kernel reads the reorder's order at every count
-  (TAIL_SORTS): at 129-512 tokens a group's active tokens fill one or two 128-token tiles, so the tile count
-  lands a few tiles past a whole wave as often as past 512 (gate/up g128 at 256 tokens: about 163 tiles on 132
-  SMs).
+* gemm_mn's per-tile grid past SORT_TOKENS, knob `tail` (`_tail_pass`): where the tiles past the whole waves would
+  fill at most half a wave, each is split in K over up to `tail` blocks (helper blocks past the grid's tiles), their
+  fp32 partials summed in a fixed order by a second launch (`_sum_tail`).
 """
 
 from __future__ import annotations
@@ -109,17 +106,12 @@ SM_SHARED_BYTES = 228 * 1024
 # Up to this many tokens a per-tile gemm_mn block sorts its group's tokens itself (a ballot over the group's mask
 # column), so no mask reorder launches in front of it; past it each block would read n mask entries
 SORT_TOKENS = TILE_BUCKETS[-1]
-# ... except a per-tile gemm_mn that splits its last wave in K (knob tail): it reads the reorder and may split at any
-# count (0), as past SORT_TOKENS. (Until the seventeenth session it sorted up to SORT_TOKENS and split nothing there;
-# its records were timed past 512 tokens only, so tools/restamp_records.py --set wgmma_gemm.TAIL_SORTS=512 keeps them.)
-TAIL_SORTS = 0
 
 
 def sorts_tokens(knobs: TileKnobs) -> bool:
     """Whether a gemm_mn body with these knobs sorts its group's tokens itself up to SORT_TOKENS tokens: the
-    per-tile wgmma grid (a persistent grid needs every group's count before it starts, from the reorder), unless it
-    splits its tail wave (that needs the tile count of every group: TAIL_SORTS)."""
-    return knobs.kernel == "wgmma" and not knobs.persistent and bool(TAIL_SORTS or not knobs.tail)
+    per-tile wgmma grid (a persistent grid needs every group's count before it starts, from the reorder)."""
+    return knobs.kernel == "wgmma" and not knobs.persistent
 
 
 def reorder_free_bound(tile_knobs: tuple) -> int:
@@ -768,9 +760,10 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
         tail_pass = _tail_pass(G, gs, K, knobs, NB, BN, ring, run, copy_rows, staged_store, chan0)
 
     @T.macro
-    def reading(x, wg, wu, mask, counts, order, used, out, n):
-        """The pass over the reorder's order (the split tail's with knob tail), then the skipped slots' zeros."""
-        if TAIL:
+    def body(x, wg, wu, mask, counts, order, used, out, n):
+        if n <= SORT_TOKENS:  # decided on the host: one launch either way
+            sorted_pass(x, wg, wu, mask, counts, order, used, out, out, n)
+        elif TAIL:
             # (constant sizes; host code allocates them at function entry, whichever bucket runs)
             ws = T.alloc_buffer((P * BT * NB,), "float32", scope="global")
             hdr = T.alloc_buffer((TAIL_HEADER + 3 * (P // 2),), "int32", scope="global")
@@ -782,13 +775,6 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
             _zero_skipped(out, mask, n, G, gs)
 
     @T.macro
-    def body(x, wg, wu, mask, counts, order, used, out, n):
-        if n <= SORT_TOKENS:  # decided on the host: one launch either way
-            sorted_pass(x, wg, wu, mask, counts, order, used, out, out, n)
-        else:
-            reading(x, wg, wu, mask, counts, order, used, out, n)
-
-    @T.macro
     def body_split(x, wg, wu, mask, counts, order, used, out, n):
         ws = T.alloc_buffer((KB * nn(n) * (NB // BN) * G * gs,), "float32", scope="global")  # [KB, n, gate / up, N]
         if n <= SORT_TOKENS:
@@ -797,9 +783,7 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
             reading_pass(x, wg, wu, mask, counts, order, used, out, ws, n)
         _sum_mn_splits(ws, out, mask, n, KB, G, gs, swiglu)
 
-    if KB > 1:
-        return body_split
-    return body if sorts_tokens(knobs) else reading
+    return body_split if KB > 1 else body
 
 
 TAIL_HEADER = 2  # ints before a split tail's per-tile entries: its tiles (0: none split), their shares
@@ -827,7 +811,8 @@ def tail_blocks(knobs: TileKnobs, nb: int) -> int:
 
 def _tail_pass(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: int, ring: Ring, run, copy_rows,
                staged_store, chan0):
-    """The per-tile gemm_mn reading the reorder's order with its last wave split in K (knob tail). With P blocks resident at once, the T existing tiles (numbered in launch order, _tile_numbering's) run
+    """The per-tile gemm_mn past SORT_TOKENS (reading the reorder's order) with its last wave split in K (knob
+    tail). With P blocks resident at once, the T existing tiles (numbered in launch order, _tile_numbering's) run
     as T // P whole waves and a rest of R = T % P tiles, which alone would hold the GPU for a whole tile's time with
     most SMs idle (on the H200, Q at 4096 tokens: 123 us at 264 tiles, 157 us at 266; docs/performance.md). When
     0 < R <= P / 2 each rest tile is split into S = tail_shares(...) shares of its K steps: its own block runs the

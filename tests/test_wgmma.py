@@ -19,8 +19,8 @@ import tvm  # noqa: E402
 from wide_tvm.errors import WideError  # noqa: E402
 from wide_tvm.schedules import gemm_k, gemm_mn  # noqa: E402
 from wide_tvm.schedules.tile_gemm import DEFAULT_TILES, GEMV_TILES, TileKnobs, tile_knob, tile_knobs  # noqa: E402
-from wide_tvm.schedules.wgmma_gemm import (WGMMA_TILES, check_wgmma_shape, reorder_free_bound,  # noqa: E402
-                                           ring_bytes, ring_layout, sorts_tokens, wgmma_n)
+from wide_tvm.schedules.wgmma_gemm import (WGMMA_TILES, check_wgmma_shape, ring_bytes, ring_layout,  # noqa: E402
+                                           wgmma_n)
 from wide_tvm.targets import has_wgmma, parse_target, target_folder  # noqa: E402
 
 
@@ -380,15 +380,13 @@ def test_mma_skip_is_a_knob_of_gemm_mns_tile_buckets():
         if kind == "gemm_k":
             assert skips == [[], [], []], kind
         else:
-            assert set(skips[0]) < set(skips[1]) and skips[1] == skips[2], (kind, skips)  # (split tails past 128)
-            assert all(not tile_knob(v).tail for v in skips[0]) and any(tile_knob(v).tail for v in skips[1])
+            assert skips[0] == skips[1] and set(skips[1]) < set(skips[2]), (kind, skips)
+            assert all(not tile_knob(v).tail for v in skips[1]) and any(tile_knob(v).tail for v in skips[2])
 
 
-def test_split_tail_is_a_gemm_mn_knob_past_128_tokens():
-    """Only gemm_mn splits its tail wave (gemm_k's persistent grid has stream-K), and only the buckets past 128
-    tokens get such candidates (at <= 128 the swapped kernels take a group's tokens in one tile); such a kernel
-    reads the reorder and runs the split pass at every count, also at <= 512 tokens where other per-tile kernels
-    sort their own tokens."""
+def test_split_tail_is_a_gemm_mn_knob_of_the_last_bucket():
+    """Only gemm_mn splits its tail wave (gemm_k's persistent grid has stream-K), and only the bucket past 512
+    tokens gets such candidates: below, the per-tile gemm_mn sorts its own tokens and never runs the split pass."""
     from wide_tvm.bench.workloads import TAIL_VARIANTS
     from wide_tvm.schedules import knob_space as ks
 
@@ -398,12 +396,8 @@ def test_split_tail_is_a_gemm_mn_knob_past_128_tokens():
     for kind, gs in (("gemm_mn_swiglu", 128), ("gemm_mn", 512), ("gemm_k", 128)):
         variants = [ks.KnobTask(kind, 4096 // gs if kind == "gemm_mn" else 112, gs, 4096, "float16", "tc", "tile",
                                 bucket, wgmma=True).choices()["variant"] for bucket in range(3)]
-        assert not any(v in variants[0] for v in TAIL_VARIANTS)
-        assert all(v in variants[1] and v in variants[2] for v in TAIL_VARIANTS) == (kind != "gemm_k")
-    tail = tile_knob(TAIL_VARIANTS[0])
-    assert not sorts_tokens(tail) and reorder_free_bound((tile_knob(("wgmma", 128, 2, 6)), tail, tail)) == 128
-    script = gemm_mn(4, 64, 256, "float16", "tc", True, "cuda", tile_knobs=(tail,) * 3).script()
-    assert "__ballot_sync" not in script and "hdr" in script  # no sorting pass: the split one at every count
+        assert not any(v in variants[0] + variants[1] for v in TAIL_VARIANTS)
+        assert all(v in variants[2] for v in TAIL_VARIANTS) == (kind != "gemm_k")
 
 
 @pytest.mark.parametrize("gs", [128, 32])

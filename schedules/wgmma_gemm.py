@@ -66,7 +66,8 @@ tokens 3-11 %, gate/up g128 at 160-4096 2-5 %, g32 1-2 %); swapped and persisten
   ptxas serialise every wgmma (C7520 / C7515). gemm_k cannot have it: a step's group is run by some rows of a tile
   and not others, so its skip would be per step, inside the loop. On an H100 it gains 0.7-1.9 % for gate/up g128 at
   256-512 tokens and ~0.5 % for Q, and costs gate/up g32 13 % (94-96 registers a thread instead of 72: one
-  384-thread block per SM instead of two; bounded to two blocks, 80 registers, it does not), so no pick has it (docs/performance.md, sixteenth session).
+  384-thread block per SM instead of two; bounded to two blocks, 80 registers, it does not), so no pick has it
+  (docs/performance.md, sixteenth session).
 * gemm_mn's per-tile grid past SORT_TOKENS, knob `tail` (`_tail_pass`): where the tiles past the whole waves would
   fill at most half a wave, each is split in K over up to `tail` blocks (helper blocks past the grid's tiles), their
   fp32 partials summed in a fixed order by a second launch (`_sum_tail`).

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
-
-import logging
 
 import torch
 
 from ..errors import WideError
-
-logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
 MAX_TOKENS = 4096
 
@@ -37,6 +34,7 @@ def export_model(model: torch.nn.Module, example: torch.Tensor, path: str) -> st
             if path.endswith(".pt2"):
                 torch.export.save(export_program(model, example), tmp)
             else:
+                logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # its progress lines, not the user's
                 torch.onnx.export(model, (example,), tmp, dynamo=True, dynamic_shapes=_dynamic_tokens(),
                                   input_names=["input_ids"], output_names=["logits"], verbose=False,
                                   external_data=False)

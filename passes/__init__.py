@@ -1,6 +1,6 @@
 """Relax passes of wide-tvm: recognise router-gated layers and lower them to block-sparse kernels."""
 
-from .lower_gated import GatedLayer, LowerGatedLayers
+from .lower_gated import GatedLayer, GatedPlan, LowerGatedLayers
 from .pipeline import wide_pipeline
 
-__all__ = ["GatedLayer", "LowerGatedLayers", "wide_pipeline"]
+__all__ = ["GatedLayer", "GatedPlan", "LowerGatedLayers", "wide_pipeline"]

@@ -9,7 +9,6 @@ The router itself (and its argmax) stays in the graph: its mask feeds the kernel
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import tvm
@@ -17,11 +16,11 @@ from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from ..errors import WideError
-from ..kernel_knobs import kernel_key
+from ..kernel_spec import KernelSpec, kernel_key, kernel_layout
 from ..schedules import gemm_k, gemm_mn, gemm_mn_reorder_bound, mask_reorder
-from ..schedules.gemv import decode_knobs, supports_k, supports_mn
+from ..schedules.gemv import decode_knobs
 from ..schedules.tile_gemm import DEFAULT_TILES, tile_knobs
-from ..weight_layout import TC_CHUNK, TC_ROWS, cpu_k_layout, stored_shape
+from ..weight_layout import TC_CHUNK, TC_ROWS, stored_shape
 from ..schedules.tiles import tiles_from_log
 from ..schedules.root_block import with_root_block
 from ..schedules.launch_bounds import as_built
@@ -32,13 +31,34 @@ from .query_projection import binding_order, find_query_projection, vars_read
 
 @dataclass
 class GatedLayer:
-    """One lowered gated layer, for the compile summary."""
+    """One lowered gated layer: what it runs (`kernels`: every kernel's symbol, mask reorders included; `specs`: the
+    gated GEMMs as kernel_spec.KernelSpec) on which weights."""
 
     kind: str  # "ffn" | "attention" | "projection"
     groups: int
     group_size: int
     kernels: list[str]
     weights: list[str]
+    specs: list[KernelSpec] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "groups": self.groups, "group_size": self.group_size, "kernels": self.kernels,
+                "weights": self.weights, "specs": [vars(s) for s in self.specs]}
+
+
+@dataclass
+class GatedPlan:
+    """What LowerGatedLayers lowered in a module, as data: the layers, and each weight parameter the kernels read in
+    another layout (name -> (layout as stored, layout the kernels read); the compiler repacks the arrays once)."""
+
+    layers: list[GatedLayer] = field(default_factory=list)
+    repacked: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    @property
+    def kernels(self) -> list[KernelSpec]:
+        """Every distinct gated GEMM of the plan, by key (what wide-tune tunes)."""
+        specs = {s for layer in self.layers for s in layer.specs}
+        return sorted(specs, key=lambda s: (s.key, s.layout))
 
 
 @dataclass
@@ -58,7 +78,7 @@ class _State:
     target_kind: str
     var2val: dict
     builder: relax.BlockBuilder
-    knobs: dict = field(default_factory=dict)  # kernel key -> tuned knobs (wide_tvm.kernel_knobs)
+    knobs: dict = field(default_factory=dict)  # kernel key -> tuned knobs (tuning/database.py: load)
     params: tuple = ()  # the function's parameters (weights among them)
     repacked: dict = field(default_factory=dict)  # weight param -> (replacement param, source layout, layout)
     kernels: dict = field(default_factory=dict)  # name -> GlobalVar, shared by the module's functions
@@ -67,10 +87,11 @@ class _State:
     queries: list = field(default_factory=list)  # _QueryPlan of each gated attention's query projection
     wgmma: bool = False  # the target compiles Hopper wgmma (sm_90a): tuned wgmma tile picks are kept
     dependent: bool = False  # kernels launched as programmatic dependents (sm_90 on: schedules/dependent_launch.py)
+    build: bool = True  # False: plan only (every kernel an empty stand-in; the module is not for compiling)
 
     def kernel(self, name: str, build) -> tvm.ir.GlobalVar:
         if name not in self.kernels:
-            func = as_built(build(), self.dependent)
+            func = as_built(build(), self.dependent) if self.build else tvm.tirx.PrimFunc([], tvm.tirx.Evaluate(0))
             func = with_root_block(func).with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
             self.kernels[name] = self.builder.add_func(func, name)
         return self.kernels[name]
@@ -212,18 +233,11 @@ def _repack(state: _State, weight, layout: str, want: str):
     return new if have == want else None
 
 
-def _kernel_layout(state: _State, weights: list, layout: str, tensor_cores: bool, cpu_kn: bool = False):
-    """(weights, layout) the kernel reads: tensor-core tiles on CUDA when the shape has them (`tensor_cores`),
-    on the CPU where the kernel wants [K, N] (`cpu_kn`: gemm_k) panels of 16 columns ("kp") when N has them, else
-    [K, N]; otherwise unchanged."""
-    want = None
-    if state.target_kind == "cuda" and tensor_cores:
-        want = "tc"
-    elif state.target_kind == "llvm" and cpu_kn:
-        dims = _weight_dims(weights[0], layout)
-        want = cpu_k_layout(dims[0]) if dims is not None else ("kn" if layout == "nk" else None)
-        want = None if want == layout else want
-    if want is None:
+def _kernel_layout(state: _State, weights: list, layout: str, kind: str, group_size: int, dim: int, dtype: str):
+    """(weights, layout) the kernel of `kind` reads: the layout kernel_spec.kernel_layout decides (repacked where
+    the weights are parameters), otherwise unchanged."""
+    want = kernel_layout(kind, group_size, dim, dtype, state.target_kind)
+    if want is None or want == layout:
         return weights, layout
     new = [_repack(state, w, layout, want) for w in weights]
     return (new, want) if all(v is not None for v in new) else (weights, layout)
@@ -235,22 +249,22 @@ def _gemm_k_plan(state: _State, weight_expr, info: MaskInfo, dtype: str):
     n_dim, k_dim = _weight_dims(weight, layout)
     if k_dim != info.groups * info.group_size or str(weight.ty.dtype) != dtype:
         return None
-    (weight,), layout = _kernel_layout(state, [weight], layout, supports_k(info.group_size, n_dim, dtype),
-                                       cpu_kn=True)
+    (weight,), layout = _kernel_layout(state, [weight], layout, "gemm_k", info.group_size, n_dim, dtype)
     return weight, layout, n_dim
 
 
 def _gemm_k_call(state: _State, a2, tokens, dtype: str, plan, info: MaskInfo, reorder, out_expr):
     """(a2 [tokens, K] * mask) @ W through gemm_k, reshaped like `out_expr`, and (kernel name, weight)."""
     weight, layout, n_dim = plan
-    name = f"wide_gemm_k_g{info.groups}x{info.group_size}_n{n_dim}_{dtype}_{layout}"
+    spec = KernelSpec("gemm_k", info.groups, info.group_size, n_dim, dtype, layout)
+    name = spec.symbol
     extra = _tuned(state, "gemm_k", info.groups, info.group_size, n_dim, dtype)
     gv = state.kernel(name, lambda: gemm_k(info.groups, info.group_size, n_dim, dtype, layout, state.target_kind,
                                            **extra))
     reordered = [relax.TupleGetItem(reorder, i) for i in range(3)]  # counts, order, used
     y = relax.call_tir(gv, [a2, weight, _flat_mask(info, tokens), *reordered],
                        out_ty=relax.TensorType([tokens, n_dim], dtype))
-    return relax.op.reshape(y, out_expr.ty.shape), (name, weight)
+    return relax.op.reshape(y, out_expr.ty.shape), (name, weight, spec)
 
 
 def _channels_of(weight_expr, var2val) -> int | None:
@@ -279,8 +293,9 @@ def _rewrite_ffn(state: _State, pat):
         down_plan = _gemm_k_plan(state, m[pat.proj.weight], info, dtype)
         if down_plan is None:
             return expr
-        (wg, wu), lg = _kernel_layout(state, [wg, wu], lg, supports_mn(gs, hidden, dtype))
-        mn_name = f"wide_gemm_mn_swiglu_g{G}x{gs}_k{hidden}_{dtype}_{lg}"
+        (wg, wu), lg = _kernel_layout(state, [wg, wu], lg, "gemm_mn_swiglu", gs, hidden, dtype)
+        mn_spec = KernelSpec("gemm_mn_swiglu", G, gs, hidden, dtype, lg)
+        mn_name = mn_spec.symbol
         extra = _tuned(state, "gemm_mn_swiglu", G, gs, hidden, dtype)
         reorder_name, reorder = _reorder_call(state, info, tokens, _reorder_bound(state, lg, extra))
         gv_mn = state.kernel(mn_name, lambda: gemm_mn(G, gs, hidden, dtype, lg, True, state.target_kind, **extra))
@@ -290,7 +305,7 @@ def _rewrite_ffn(state: _State, pat):
                            out_ty=relax.TensorType([tokens, G * gs], dtype))
         out, down = _gemm_k_call(state, h, tokens, dtype, down_plan, info, reorder, expr)
         state.layers.append(GatedLayer("ffn", G, gs, [reorder_name, mn_name, down[0]],
-                                       [_name(wg), _name(wu), _name(down[1])]))
+                                       [_name(wg), _name(wu), _name(down[1])], [mn_spec, down[2]]))
         return out
 
     return callback
@@ -315,7 +330,7 @@ def _rewrite_projection(state: _State, pat):
         reorder_name, reorder = _reorder_call(state, info, tokens, _reorder_bound(state, None))
         out, kern = _gemm_k_call(state, a2, tokens, str(operand.ty.dtype), plan, info, reorder, expr)
         kind = "attention" if _is_attention(m[pat.operand], v2v) else "projection"
-        layer = GatedLayer(kind, info.groups, info.group_size, [reorder_name, kern[0]], [_name(kern[1])])
+        layer = GatedLayer(kind, info.groups, info.group_size, [reorder_name, kern[0]], [_name(kern[1])], [kern[2]])
         state.layers.append(layer)
         if kind == "attention":
             plan = _query_plan(state, m[pat.operand], info, str(operand.ty.dtype), layer)
@@ -347,7 +362,7 @@ def _query_plan(state: _State, operand, info: MaskInfo, dtype: str, layer: Gated
     hidden = tc[1]
     if _weight_dims(weight, layout) != (info.groups * info.group_size, hidden):
         return None
-    (weight,), layout = _kernel_layout(state, [weight], layout, supports_mn(info.group_size, hidden, dtype))
+    (weight,), layout = _kernel_layout(state, [weight], layout, "gemm_mn", info.group_size, hidden, dtype)
     return _QueryPlan(call, info, weight, layout, hidden, layer)
 
 
@@ -364,7 +379,8 @@ def _rewrite_query(state: _State):
         G, gs, K = info.groups, info.group_size, plan.hidden
         tokens, _ = _tokens_and_channels(x)
         dtype = str(x.ty.dtype)
-        name = f"wide_gemm_mn_g{G}x{gs}_k{K}_{dtype}_{plan.layout}"
+        spec = KernelSpec("gemm_mn", G, gs, K, dtype, plan.layout)
+        name = spec.symbol
         extra = _tuned(state, "gemm_mn", G, gs, K, dtype)
         reorder_name, reorder = _reorder_call(state, info, tokens, _reorder_bound(state, plan.layout, extra))
         gv = state.kernel(name, lambda: gemm_mn(G, gs, K, dtype, plan.layout, False, state.target_kind, **extra))
@@ -372,6 +388,7 @@ def _rewrite_query(state: _State):
                                 _flat_mask(info, tokens), *[relax.TupleGetItem(reorder, i) for i in range(3)]],
                            out_ty=relax.TensorType([tokens, G * gs], dtype))
         plan.layer.kernels += [reorder_name, name]
+        plan.layer.specs.append(spec)
         plan.layer.weights.append(_name(plan.weight))
         return relax.op.reshape(q, expr.ty.shape)
 
@@ -408,18 +425,20 @@ def _replace_params(func: relax.Function, repacked: dict) -> relax.Function:
 
 @tvm.transform.module_pass(opt_level=0, name="LowerGatedLayers")
 class LowerGatedLayers:
-    """Find router-gated layers with dpl patterns and lower them; `self.layers` reports what was lowered."""
+    """Find router-gated layers with dpl patterns and lower them; `self.plan` (GatedPlan) says what was lowered.
+
+    `build=False` plans only: the module it returns calls empty stand-ins instead of the kernels (seconds instead of
+    a build of every kernel; what `wide-tune MODEL` reads)."""
 
     def __init__(self, target_kind: str, enabled: bool = True, knobs: dict | None = None, wgmma: bool = False,
-                 dependent: bool = False):
+                 dependent: bool = False, build: bool = True):
         self.target_kind = target_kind
         self.wgmma = wgmma
         self.dependent = dependent
         self.enabled = enabled
+        self.build = build
         self.knobs = knobs or {}
-        # weight parameter name -> (source layout, layout the kernels read); the compiler repacks the arrays
-        self.repacked: dict[str, tuple[str, str]] = {}
-        self.layers: list[GatedLayer] = []
+        self.plan = GatedPlan()
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if not self.enabled:
@@ -430,7 +449,8 @@ class LowerGatedLayers:
             if not isinstance(func, relax.Function):
                 continue
             state = _State(self.target_kind, relax.analysis.get_var2val(func), builder, self.knobs,
-                           tuple(func.params), kernels=kernels, wgmma=self.wgmma, dependent=self.dependent)
+                           tuple(func.params), kernels=kernels, wgmma=self.wgmma, dependent=self.dependent,
+                           build=self.build)
             ffn = gated_swiglu_ffn()
             func = rewrite_call(ffn.root, _rewrite_ffn(state, ffn), func)
             state.var2val = relax.analysis.get_var2val(func)
@@ -441,7 +461,7 @@ class LowerGatedLayers:
                 func = rewrite_call(is_op("relax.matmul")(wildcard(), wildcard()), _rewrite_query(state), func)
             if state.repacked:
                 func = _replace_params(func, state.repacked)
-                self.repacked.update({p.name: (src, have) for p, (_, src, have) in state.repacked.items()})
+                self.plan.repacked.update({p.name: (src, have) for p, (_, src, have) in state.repacked.items()})
             builder.update_func(gv, func)
-            self.layers.extend(state.layers)
+            self.plan.layers.extend(state.layers)
         return builder.get()

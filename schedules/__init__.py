@@ -10,7 +10,7 @@ from .wgmma_gemm import reorder_free_bound
 
 def gated_kernel(kind: str, groups: int, group_size: int, dim: int, dtype: str, layout: str, target_kind: str,
                  **knobs):
-    """The kernel of a kernel-knob kind (kernel_knobs.kernel_key's): gemm_mn_swiglu, gemm_mn (dim = K) or
+    """The kernel of a kernel-knob kind (kernel_spec.kernel_key's): gemm_mn_swiglu, gemm_mn (dim = K) or
     gemm_k (dim = N), with `knobs` as gemm_mn / gemm_k take them."""
     if kind == "gemm_k":
         return gemm_k(groups, group_size, dim, dtype, layout, target_kind, **knobs)

@@ -14,7 +14,8 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..weight_layout import stored_shape
-from .gemv import (DEFAULT_DECODE, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, direct_bound, gemv_k_body, supports_k,
+from ..kernel_spec import supports_k
+from .gemv import (DEFAULT_DECODE, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, direct_bound, gemv_k_body,
                    tensor_core_kernels)
 from . import cpu_gemm
 from .tile_gemm import DEFAULT_TILES, many_token_kernels, tile_k_body

@@ -12,8 +12,9 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..weight_layout import stored_shape
+from ..kernel_spec import supports_mn
 from .gemv import (DEFAULT_DECODE, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, direct_bound, gemv_mn_body,
-                   supports_mn, tensor_core_kernels)
+                   tensor_core_kernels)
 from . import cpu_gemm
 from .tile_gemm import DEFAULT_TILES, many_token_kernels, tile_mn_body
 from .wgmma_gemm import wgmma_mn_body

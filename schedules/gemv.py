@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from tvm.script import tirx as T
 
 from .dispatch import token_dispatch
+from .warp_ops import plus
 
 MAX_TOKENS = 64  # token counts up to this use the direct (decode) kernels
 TILE_TOKENS = 64  # sorted tokens per grid row of the tensor-core kernels for more tokens
@@ -153,20 +154,6 @@ def fit_partials(warps: int, nacc: int, extra_bytes: int = 0) -> int:
 
 
 PREFILL_KNOBS = GemvKnobs(warps=4, unroll=1)  # many-token kernels: 160 registers, no spills at these
-
-
-def supports_mn(group_size: int, k_dim: int, dtype: str) -> bool:
-    return dtype == "float16" and group_size % ROWS == 0 and k_dim % CHUNK == 0
-
-
-def supports_k(group_size: int, n_dim: int, dtype: str) -> bool:
-    return dtype == "float16" and group_size % CHUNK == 0 and n_dim % ROWS == 0
-
-
-def supports(kind: str, group_size: int, dim: int, dtype: str) -> bool:
-    """Whether the tensor-core kernels take a kernel of this kind ("gemm_k" or a gemm_mn kind; dim: N of gemm_k,
-    K of gemm_mn), i.e. its weights go in the "tc" layout."""
-    return (supports_k if kind == "gemm_k" else supports_mn)(group_size, dim, dtype)
 
 
 @T.macro
@@ -326,7 +313,7 @@ def _sum_k_splits(ws, out, mask, n, splits, max_tokens, cols, nw, swiglu, gate_s
 
 def token_runs(sused, bits_at, groups, slot, row):
     """1 where tile row `row` runs listed group `slot` (its bit in that group's token bit set, which
-    `_used_groups` wrote from bits_at on)."""
+    `used_groups` wrote from bits_at on)."""
     return T.bitwise_and(T.shift_right(sused[bits_at + row // 32 * (groups + 1) + slot], row % 32), 1)
 
 
@@ -340,13 +327,8 @@ def _list_slot(flag, part, groups):
     return T.Select(flag[0] != 0, part[0] + flag[1] - 1, groups)
 
 
-def _plus(t0, t):
-    """t0 + t, leaving t as it is for the decode kernels' literal t0 = 0 (so their code does not change)."""
-    return t if isinstance(t0, int) and t0 == 0 else t0 + t
-
-
 @T.macro
-def _used_groups(mask, sused, n, wy, lane, groups, warps, max_tokens, bits_at, t0):
+def used_groups(mask, sused, n, wy, lane, groups, warps, max_tokens, bits_at, t0):
     """sused[:c] = the groups some token runs (ascending), sused[groups] = c, computed by the whole block from
     the mask [n, groups] rows t0 .. t0 + max_tokens - 1 (those below n): per group an OR over the tokens
     (branch-free clamped loads), then a block-wide exclusive scan (warp shuffles, one shared slot per warp).
@@ -361,14 +343,14 @@ def _used_groups(mask, sused, n, wy, lane, groups, warps, max_tokens, bits_at, t
     part[2] = 0
     for p in T.unroll((groups + 32 * warps - 1) // (32 * warps)):  # straight-line barriers
         for t in T.unroll(max_tokens):  # clamped loads in their own statements: no short-circuit, all in flight
-            mreg[t] = mask[T.min(_plus(t0, t), T.Cast("int32", n) - 1),
+            mreg[t] = mask[T.min(plus(t0, t), T.Cast("int32", n) - 1),
                            T.min(p * 32 * warps + wy * 32 + lane, groups - 1)]
         flag[0] = 0
         for d in T.unroll(bit_words(max_tokens)):
             words[d] = T.uint32(0)
             for b in T.unroll(min(32, max_tokens)):
                 words[d] = words[d] | T.Select(
-                    _plus(t0, d * 32 + b) < T.Cast("int32", n) and p * 32 * warps + wy * 32 + lane < groups
+                    plus(t0, d * 32 + b) < T.Cast("int32", n) and p * 32 * warps + wy * 32 + lane < groups
                     and mreg[d * 32 + b] != 0, T.shift_left(T.uint32(1), T.Cast("uint32", b)), T.uint32(0))
             flag[0] = T.Select(words[d] != T.uint32(0), 1, flag[0])
         flag[1] = T.Select(flag[0] != 0, 1, 0)
@@ -723,7 +705,7 @@ def gemv_k_body(groups: int, group_size: int, n_dim: int, max_tokens: int, knobs
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
                         # the groups this block's tokens run (token tiles: tile byk's; decode: all n <= MT)
-                        _used_groups(mask, sused, n, wy, lane, G, W, MT, BITS, byk // KB * MT)
+                        used_groups(mask, sused, n, wy, lane, G, W, MT, BITS, byk // KB * MT)
                 T.tvm_storage_sync("shared")
                 for wy in T.thread_binding(W, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):

@@ -38,8 +38,7 @@ def _bounded_if_wgmma(kernel: tirx.For, blocks: int) -> tirx.For:
 
 def one_block_per_sm(func: tirx.PrimFunc, blocks: int = 1) -> tirx.PrimFunc:
     """`func` with every kernel that issues wgmma launch-bounded to one resident block per SM (every other kernel
-    as it was); `blocks`: that many instead (an experiment's bound, docs/results/
-    experiment_mma_skip_two_blocks_build.py)."""
+    as it was); `blocks`: that many instead (an experiment's bound: docs/decisions.md, `mma_skip`)."""
     return func.with_body(map_kernels(func.body, lambda kernel: _bounded_if_wgmma(kernel, blocks)))
 
 

@@ -20,34 +20,9 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
+from .warp_ops import ballot, block_scan, lanes_below, popc
+
 SERIAL_TOKENS = 16  # up to this many tokens (decode) one thread per group partitions serially: one launch
-
-
-def _popc(x):
-    """Set bits of an int32 (CUDA __popc; TVM 0.27 has no CUDA lowering for tirx.popcount)."""
-    return T.call_pure_extern("int32", "__popc", x)
-
-
-def _ballot(flag):
-    """The warp's flags as a bit set (bit l: lane l's; CUDA __ballot_sync over the full warp)."""
-    return T.call_pure_extern("uint32", "__ballot_sync", T.uint32(0xFFFFFFFF), flag)
-
-
-def _lanes_below(bits, lane):
-    """Set bits of a warp's uint32 bit set below lane `lane` (int32)."""
-    return _popc(T.reinterpret("int32", T.bitwise_and(bits, T.shift_left(T.uint32(1), T.Cast("uint32", lane))
-                                                      - T.uint32(1))))
-
-
-@T.macro
-def block_scan(scan, reg, tx, steps):
-    """Inclusive Hillis-Steele scan of the shared scan[0 .. threads) by the block's `threads` threads (tx), in
-    steps >= log2(threads) rounds; reg (local) [1] is scratch. Every thread calls it: its barriers are block-wide."""
-    for s in T.unroll(steps):
-        reg[1] = T.Select(tx >= (1 << s), scan[T.max(tx - (1 << s), 0)], 0)
-        T.tvm_storage_sync("shared")
-        scan[tx] = scan[tx] + reg[1]
-        T.tvm_storage_sync("shared")
 
 
 def mask_reorder(groups: int, target_kind: str, direct_tokens: int = 0) -> tirx.PrimFunc:
@@ -105,13 +80,13 @@ def mask_reorder(groups: int, target_kind: str, direct_tokens: int = 0) -> tirx.
                 mreg[t] = mask[T.min(t, T.Cast("int32", n) - 1), g]
             for t in T.unroll(SERIAL_TOKENS):
                 bits[0] = bits[0] | T.Select(t < T.Cast("int32", n) and mreg[t] != 0, T.shift_left(1, t), 0)
-            bits[1] = _popc(bits[0])
+            bits[1] = popc(bits[0])
             for t in T.unroll(SERIAL_TOKENS):
                 if t < T.Cast("int32", n):
                     if T.bitwise_and(T.shift_right(bits[0], t), 1) != 0:
-                        order[g, _popc(T.bitwise_and(bits[0], T.shift_left(1, t) - 1))] = t
+                        order[g, popc(T.bitwise_and(bits[0], T.shift_left(1, t) - 1))] = t
                     else:
-                        order[g, bits[1] + t - _popc(T.bitwise_and(bits[0], T.shift_left(1, t) - 1))] = t
+                        order[g, bits[1] + t - popc(T.bitwise_and(bits[0], T.shift_left(1, t) - 1))] = t
             counts[g] = bits[1]
             flag[0] = T.Select(bits[1] > 0, 1, 0)
 
@@ -153,7 +128,7 @@ def mask_reorder(groups: int, target_kind: str, direct_tokens: int = 0) -> tirx.
             for j in T.unroll(PE):
                 bal[j] = T.Cast("uint32", mask[T.min(_tok(r, j, tx), T.Cast("int32", n) - 1), g])
             for j in T.unroll(PE):
-                bal[j] = _ballot(_tok(r, j, tx) < T.Cast("int32", n) and bal[j] != T.uint32(0))
+                bal[j] = ballot(_tok(r, j, tx) < T.Cast("int32", n) and bal[j] != T.uint32(0))
 
         @T.macro
         def parallel_partition(mask, counts, order, n):
@@ -174,7 +149,7 @@ def mask_reorder(groups: int, target_kind: str, direct_tokens: int = 0) -> tirx.
                         for r in range(rounds):
                             round_bits(mask, bal, bx, r, tx, n)
                             for j in T.unroll(PE):
-                                reg[0] = reg[0] + _popc(T.reinterpret("int32", bal[j]))
+                                reg[0] = reg[0] + popc(T.reinterpret("int32", bal[j]))
                         scan[tx] = T.Select(tx % 32 == 0, reg[0], 0)  # a warp's lanes agree: its first counts
                         T.tvm_storage_sync("shared")
                         block_scan(scan, scr, tx, LOG_PT)
@@ -187,15 +162,15 @@ def mask_reorder(groups: int, target_kind: str, direct_tokens: int = 0) -> tirx.
                         T.tvm_storage_sync("shared")
                         if tx % 32 == 0:
                             for j in T.unroll(PE):
-                                scan[j * PW + tx // 32] = _popc(T.reinterpret("int32", bal[j]))
+                                scan[j * PW + tx // 32] = popc(T.reinterpret("int32", bal[j]))
                         T.tvm_storage_sync("shared")
                         block_scan(scan, scr, tx, LOG_PT)  # inclusive, over the PE x PW counts (zeros past them)
                         if rounds == 1:
                             reg[1] = scan[PT - 1]
                         for j in T.unroll(PE):
                             # active tokens before this lane's: earlier rows and warps, then lower lanes
-                            reg[3] = reg[2] + scan[j * PW + tx // 32] - _popc(T.reinterpret("int32", bal[j])) + \
-                                _lanes_below(bal[j], tx % 32)
+                            reg[3] = reg[2] + scan[j * PW + tx // 32] - popc(T.reinterpret("int32", bal[j])) + \
+                                lanes_below(bal[j], tx % 32)
                             if _tok(r, j, tx) < T.Cast("int32", n):
                                 if T.bitwise_and(T.shift_right(bal[j], T.Cast("uint32", tx % 32)), T.uint32(1)) != \
                                         T.uint32(0):

@@ -24,7 +24,7 @@ from math import gcd
 
 from tvm.script import tirx as T
 
-from .gemv import CHUNK, ROWS, _used_groups, a_fragment, bit_words, token_runs
+from .gemv import CHUNK, ROWS, a_fragment, bit_words, token_runs, used_groups
 
 WARPS = 8  # warps per block: WR along the channels x WT along the tokens
 THREADS = 32 * WARPS
@@ -417,7 +417,7 @@ def tile_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = Til
                 sused = T.decl_buffer((BITS + NWD * (G + 1),), "int32", scope="shared")  # groups, scratch, bit sets
                 for wy in T.thread_binding(WARPS, thread="threadIdx.y"):
                     for lane in T.thread_binding(32, thread="threadIdx.x"):
-                        _used_groups(mask, sused, n, wy, lane, G, WARPS, BT, BITS, bt * BT)
+                        used_groups(mask, sused, n, wy, lane, G, WARPS, BT, BITS, bt * BT)
                         acc = T.decl_buffer((NACC,), "float32", scope="local")
                         wbuf = T.decl_buffer(((knobs.prefetch + 1) * RT * 16,), "float16", scope="local")
                         breg = T.decl_buffer((8,), "float16", scope="local")

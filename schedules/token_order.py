@@ -5,7 +5,7 @@ tokens use all 8 of O's head groups: the kernel does the dense work. Ordered by 
 a tile holds a few patterns, and the groups none of them runs are skipped. The patterns go in Gray-code order
 (neighbouring patterns differ in one group), which on 4096 tokens of 8 groups at 50 % random masks leaves 128-token
 tiles running 75 % of the groups (token order: 100 %; plain binary order: 79 %), and 66 % under skewed masks
-(docs/results/experiment_pattern_order_model.py).
+(a model script, `git show e91c961:docs/results/experiment_pattern_order_model.py`).
 
 A stable counting sort over the 2^G patterns in two launches of a block per THREADS tokens, a thread a token:
 
@@ -25,10 +25,9 @@ session), then a launch scattering the order.
 
 from __future__ import annotations
 
-from tvm import tirx
 from tvm.script import tirx as T
 
-from .mask_reorder import _ballot, _lanes_below, _popc, block_scan
+from .warp_ops import ballot, block_scan, lanes_below, popc
 
 THREADS = 256  # threads of a sorting block, a token each
 WARPS = THREADS // 32
@@ -96,7 +95,7 @@ def pattern_order(groups: int):
         key[0] = T.Select(t < nn(n), key[0], B)
         key[1] = -1
         for b in T.unroll(G + 1):
-            key[2] = T.reinterpret("int32", _ballot(T.bitwise_and(T.shift_right(key[0], b), 1) != 0))
+            key[2] = T.reinterpret("int32", ballot(T.bitwise_and(T.shift_right(key[0], b), 1) != 0))
             key[1] = T.bitwise_and(key[1], T.Select(T.bitwise_and(T.shift_right(key[0], b), 1) != 0, key[2],
                                                     T.bitwise_not(key[2])))
 
@@ -118,7 +117,7 @@ def pattern_order(groups: int):
                 T.tvm_storage_sync("shared")
                 if key[0] < B:
                     if leads(key, tid % 32):
-                        T.evaluate(T.call_extern("int32", "atomicAdd", T.address_of(cnt[key[0]]), _popc(key[1])))
+                        T.evaluate(T.call_extern("int32", "atomicAdd", T.address_of(cnt[key[0]]), popc(key[1])))
                 T.tvm_storage_sync("shared")
                 if tid < B:
                     hist[bx * B + tid] = cnt[tid]
@@ -156,7 +155,7 @@ def pattern_order(groups: int):
                 T.tvm_storage_sync("shared")
                 if key[0] < B:
                     if leads(key, tid % 32):
-                        wcnt[tid // 32 * B + key[0]] = _popc(key[1])
+                        wcnt[tid // 32 * B + key[0]] = popc(key[1])
                 block_scan(scan, sums, tid, (THREADS - 1).bit_length())  # (its barriers also publish wcnt)
                 # pattern tid: its first place, past the earlier blocks' tokens. A barrier before wstart's writes: TVM
                 # may lay wstart over the dead scan, and would otherwise insert one itself, which it cannot do inside
@@ -169,7 +168,7 @@ def pattern_order(groups: int):
                         sums[1] = sums[1] + wcnt[w * B + tid]
                 T.tvm_storage_sync("shared")
                 if key[0] < B:
-                    key[2] = wstart[tid // 32 * B + key[0]] + _lanes_below(T.reinterpret("uint32", key[1]), tid % 32)
+                    key[2] = wstart[tid // 32 * B + key[0]] + lanes_below(T.reinterpret("uint32", key[1]), tid % 32)
                     perm[key[2]] = bx * THREADS + tid
                     for q in T.unroll(G // V):
                         for v in T.vectorized(V):

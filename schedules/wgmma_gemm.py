@@ -80,13 +80,10 @@ from typing import NamedTuple
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..targets import hopper_device_code
-from .gemv import ROWS, _plus, _used_groups, bit_words, token_runs
-from .mask_reorder import _ballot, _lanes_below, _popc, block_scan
+from .gemv import ROWS, bit_words, token_runs, used_groups
 from .tile_gemm import TILE_BUCKETS, TileKnobs, check_tile_knobs
 from .token_order import MAX_GROUPS, hist_size, order_groups_ok, pattern_order
-
-hopper_device_code()  # these kernels need sm_90a device code, whichever way an sm_90 target reaches the compiler
+from .warp_ops import ballot, block_scan, lanes_below, plus, popc
 
 KSTEP = 64  # K per ring stage: one 128-byte swizzle span of fp16
 SWIZZLE_128B, SWIZZLE_64B = 3, 2  # swizzle codes (CUtensorMapSwizzle) of the wgmma descriptors and the TMA
@@ -497,7 +494,7 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
     the same: active tokens ascending, then inactive ones)."""
     G, gs, K = groups, group_size, k_dim
     check_wgmma_shape(gs, K, knobs, swiglu)
-    BT, S, SW = knobs.tokens, knobs.stages, bool(knobs.swap)
+    BT, SW = knobs.tokens, bool(knobs.swap)
     NB, BN = wgmma_n(gs, swiglu, knobs)  # weight rows (wgmma N; swapped: its M, a warpgroup per 64), channels
     ring = ring_layout(knobs, NB)
     THREADS, COPIERS, A_BYTES, STAGE = ring.threads, ring.copiers, ring.a_bytes, ring.stage
@@ -532,7 +529,7 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
 
     def k_step(bg, gi, step):
         """K step of the block's `step`-th: from its split's first (with a split tail, gi[2]: its share's first)."""
-        return _plus(first_step(bg), step) + gi[2] if TAIL else _plus(first_step(bg), step)
+        return plus(first_step(bg), step) + gi[2] if TAIL else plus(first_step(bg), step)
 
     def chan0(gi, bg):
         """First output channel of this block."""
@@ -675,10 +672,10 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
         for r in T.unroll(SR):  # clamped loads in statements of their own: all in flight at once
             bal[r] = T.Cast("uint32", mask[T.min(r * THREADS + tid, nn(n) - 1), gi[0]])
         for r in T.unroll(SR):
-            bal[r] = _ballot(r * THREADS + tid < nn(n) and bal[r] != T.uint32(0))
+            bal[r] = ballot(r * THREADS + tid < nn(n) and bal[r] != T.uint32(0))
         if tid % 32 == 0:
             for r in T.unroll(SR):
-                wcnt[r * WARPS + tid // 32] = _popc(T.reinterpret("int32", bal[r]))
+                wcnt[r * WARPS + tid // 32] = popc(T.reinterpret("int32", bal[r]))
         T.tvm_storage_sync("shared")
         srt[0] = 0
         for i in T.unroll(SR * WARPS):
@@ -688,7 +685,7 @@ def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs:
             for i in T.unroll(SR * WARPS):  # the warps (of all rounds) before this one hold the earlier tokens
                 if i < r * WARPS + tid // 32:
                     srt[1] = srt[1] + wcnt[i]
-            srt[2] = srt[1] + _lanes_below(bal[r], tid % 32)
+            srt[2] = srt[1] + lanes_below(bal[r], tid % 32)
             if T.bitwise_and(T.shift_right(bal[r], T.Cast("uint32", tid % 32)), T.uint32(1)) == T.uint32(0):
                 srt[2] = srt[0] + r * THREADS + tid - srt[2]  # inactive: after all active, then the inactive before
             if r * THREADS + tid < nn(n) and bt * BT <= srt[2] and srt[2] < bt * BT + BT:
@@ -1409,7 +1406,7 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
                 else:
                     tbar = sused  # (not read)
                 for tid in T.thread_binding(THREADS, thread="threadIdx.x"):
-                    _used_groups(mask, sused, n, tid // 32, tid % 32, G, WARPS, BT, BITS, bt * BT)
+                    used_groups(mask, sused, n, tid // 32, tid % 32, G, WARPS, BT, BITS, bt * BT)
                     acc = T.decl_buffer((NB // 2,), "float32", scope="local")
                     base = T.decl_buffer((1,), "int32", scope="local")
                     desc = T.decl_buffer((2,), "uint64", scope="local")
@@ -1709,7 +1706,7 @@ def _stream_k_body(knobs: TileKnobs, G: int, gs: int, N: int, KS: int, ring: Rin
                                 T.ptx["mbarrier.inval.shared::cta.b64"](tbar.ptr_to([i]))
                                 T.ptx["mbarrier.init.shared::cta.b64"](tbar.ptr_to([i]), 1)
                             T.ptx["fence.mbarrier_init.release.cluster"]()
-                    _used_groups(mask, sused, n, tid // 32, tid % 32, G, WARPS, BT, BITS, rng[5] * BT)
+                    used_groups(mask, sused, n, tid // 32, tid % 32, G, WARPS, BT, BITS, rng[5] * BT)
                     first[0] = steps(sused) * rng[3] // KS
                     nst[0] = steps(sused) * rng[4] // KS - first[0]
                     run(xs, base, desc, acc, nst[0], tid, a, w, tbar, sused, pre if ahead else sused, first,

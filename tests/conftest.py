@@ -9,9 +9,9 @@ import pytest
 if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n N: the workers fill the cores already; a TVM pool of every
     os.environ.setdefault("TVM_NUM_THREADS", "1")  # core in each of them only contends (set before wide_tvm is)
 
-from wide_tvm.cuda_aot import prepare_cuda_aot  # noqa: E402
+from wide_tvm.cuda_aot import cuda_codegen  # noqa: E402
 
-prepare_cuda_aot()  # before tvm is imported anywhere, so CUDA build tests embed real device code
+cuda_codegen()  # before tvm is imported anywhere, so CUDA build tests embed real device code
 
 import tvm  # noqa: E402
 

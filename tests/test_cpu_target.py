@@ -114,7 +114,7 @@ def test_cpu_bench_and_tuning_cover_fp32_fp16_and_bf16():
     """wide-bench cpu and `wide-tune --llama8b --target llvm` take the FFN kernels in each dtype a model ships
     (fp16 / bf16 weights halve what a memory-bound kernel reads), named apart; an unknown dtype is refused by name."""
     from wide_tvm.bench.cpu import cpu_workloads
-    from wide_tvm.tune import bench_kernels
+    from wide_tvm.tuning.driver import bench_kernels
 
     ws = cpu_workloads()
     assert [(w.name, w.dtype) for w in ws] == [
@@ -133,14 +133,14 @@ def test_committed_cpu_database_picks_every_benchmark_kernel():
     re-stamped fails here instead of silently compiling default tiles."""
     import warnings
 
-    from wide_tvm import kernel_knobs
+    from wide_tvm.tuning import database
     from wide_tvm.schedules.tiles import CPU_BUCKETS
-    from wide_tvm.tune import bench_kernels
+    from wide_tvm.tuning.driver import bench_kernels
 
     folder = os.path.join(os.path.dirname(__file__), "..", "tuning_logs", "llvm")
     with warnings.catch_warnings():
-        warnings.simplefilter("error", kernel_knobs.StaleTuningWarning)
-        picks = kernel_knobs.load(folder)
+        warnings.simplefilter("error", database.StaleTuningWarning)
+        picks = database.load(folder)
     for spec in bench_kernels("llvm"):
         tiles = picks.get(spec.key, {}).get("cpu", [])
         assert len(tiles) == len(CPU_BUCKETS) + 1 and all(tiles), (spec.key, tiles)

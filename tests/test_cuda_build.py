@@ -207,7 +207,7 @@ def test_tile_kernels_build_for_every_knob():
 def test_decode_kernels_are_only_for_fp16_tiles():
     """fp32, [N, K] / [K, N] weights or group sizes the mma tiles do not fit keep the SIMT tiled kernel alone;
     asking for tensor-core tiles where they do not exist is an error, not a silent fallback."""
-    from wide_tvm.schedules.gemv import supports_k, supports_mn
+    from wide_tvm.kernel_spec import supports_k, supports_mn
 
     assert supports_mn(128, 4096, "float16") and supports_k(128, 4096, "float16")
     assert not supports_mn(8, 4096, "float16") and not supports_k(16, 4096, "float16")
@@ -261,17 +261,17 @@ def test_bench_workloads_carry_their_kernels_direct_bound():
     disagrees with its kernel is refused. The mask reorder the benchmark pairs gemm_k with never runs (gemm_k reads
     the mask itself, as LowerGatedLayers compiles it); gemm_mn's runs past its direct kernels and past the kernels
     that sort their tokens themselves."""
-    from wide_tvm import kernel_knobs
+    from wide_tvm import kernel_spec
     from wide_tvm.bench.build import our_kernels, with_bounds
     from wide_tvm.bench.workloads import UNREAD, Workload
     from wide_tvm.passes import lower_gated
 
     k = Workload("k", "gemm_k", 4, 64, 256)
-    tuned = {kernel_knobs.kernel_key("gemm_k", 4, 64, 256, "float16"): {"tiles": [["wgmma", 128, 1, 4]] * 3}}
+    tuned = {kernel_spec.kernel_key("gemm_k", 4, 64, 256, "float16"): {"tiles": [["wgmma", 128, 1, 4]] * 3}}
     (bounded,) = with_bounds([k], "cuda", tuned, True)
     assert (bounded.direct_tokens, bounded.reorder) == (16, "bench_reorder_g4_unread")
     half = Workload("k32", "gemm_k", 8, 32, 256)
-    tuned[kernel_knobs.kernel_key("gemm_k", 8, 32, 256, "float16")] = {"tiles": [["wgmma", 128, 1, 4]] * 3}
+    tuned[kernel_spec.kernel_key("gemm_k", 8, 32, 256, "float16")] = {"tiles": [["wgmma", 128, 1, 4]] * 3}
     assert with_bounds([half], "cuda", tuned, True)[0].direct_tokens == 32
     assert with_bounds([k], "cuda", tuned, False)[0].direct_tokens == 64  # no wgmma: the mma.sync tiles
     assert UNREAD == lower_gated.UNREAD
@@ -282,13 +282,13 @@ def test_bench_workloads_carry_their_kernels_direct_bound():
         our_kernels([k], "cuda", None, tuned, True)
     # a gemm_mn whose leading buckets run per-tile wgmma blocks sorts its tokens itself up to 512: no reorder there
     mn = Workload("mn", "gemm_mn", 4, 64, 256)
-    tuned[kernel_knobs.kernel_key("gemm_mn", 4, 64, 256, "float16")] = {"tiles": [["wgmma", 128, 2, 4]] * 3}
+    tuned[kernel_spec.kernel_key("gemm_mn", 4, 64, 256, "float16")] = {"tiles": [["wgmma", 128, 2, 4]] * 3}
     (sorted_mn,) = with_bounds([mn], "cuda", tuned, True)
     assert (sorted_mn.direct_tokens, sorted_mn.sorts, sorted_mn.reorder) == (32, 512, "bench_reorder_g4_d512")
     assert with_bounds([mn], "cuda", tuned, False)[0].sorts == 0  # no wgmma: the mma.sync tiles read the reorder
     with pytest.raises(ValueError, match="bounds are 32 / 512 tokens, the workload says 32 / 0"):
         our_kernels([mn], "cuda", None, tuned, True)
-    tuned[kernel_knobs.kernel_key("gemm_mn", 4, 64, 256, "float16")] = {"tiles": [["wgmma", 24, 1, 4, 1, 0, 0, 1]] * 3}
+    tuned[kernel_spec.kernel_key("gemm_mn", 4, 64, 256, "float16")] = {"tiles": [["wgmma", 24, 1, 4, 1, 0, 0, 1]] * 3}
     (swapped,) = with_bounds([mn], "cuda", tuned, True)
     assert (swapped.direct_tokens, swapped.sorts, swapped.reorder) == (16, 512, "bench_reorder_g4_d512")
 

@@ -64,3 +64,12 @@ def test_weights_stay_parameters(exported):
     n_params = sum(1 for _ in model.parameters())
     assert len(imported.weights) == n_params
     assert not imported.mod["main"].attrs or "params" not in imported.mod["main"].attrs
+
+
+def test_kernel_spec_docstring_examples():
+    """The worked examples in wide_tvm/kernel_spec.py's docstring hold (the pure-Python kernel description)."""
+    import doctest
+
+    from wide_tvm import kernel_spec
+
+    assert doctest.testmod(kernel_spec).failed == 0

@@ -1,5 +1,5 @@
-"""The kernels' knobs as a MetaSchedule search space (schedules/knob_space.py) and the database wide-compile
-reads back (wide_tvm/knob_tuning.py). The MetaSchedule runs themselves: tests/test_tuning.py."""
+"""The kernels' knobs as a MetaSchedule search space (tuning/space.py) and the database wide-compile
+reads back (tuning/database.py). The MetaSchedule runs themselves: tests/test_tuning.py."""
 
 from __future__ import annotations
 
@@ -9,19 +9,20 @@ import warnings
 
 import pytest
 
-from wide_tvm.cuda_aot import prepare_cuda_aot
+from wide_tvm.cuda_aot import cuda_codegen
 
-prepare_cuda_aot()
+cuda_codegen()
 
 import tvm  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
-from wide_tvm import kernel_knobs  # noqa: E402
+from wide_tvm import kernel_spec  # noqa: E402
+from wide_tvm.tuning import database  # noqa: E402
 from wide_tvm.kernel_reference import ref_gemm_k, ref_gemm_mn, rel_err  # noqa: E402
-from wide_tvm.knob_tuning import database_entries, measured, open_database  # noqa: E402
+from wide_tvm.tuning.database import database_entries, measured, open_database  # noqa: E402
 from wide_tvm.schedules import code_version as cv  # noqa: E402
-from wide_tvm.schedules import knob_runner as kr  # noqa: E402
-from wide_tvm.schedules import knob_space as ks  # noqa: E402
+from wide_tvm.tuning import runner as kr  # noqa: E402
+from wide_tvm.tuning import space as ks  # noqa: E402
 from wide_tvm.targets import parse_target  # noqa: E402
 
 
@@ -100,10 +101,10 @@ def test_mutator_moves_one_decision_and_measured_points_are_skipped():
 
 def test_cuda_tasks_cover_the_direct_and_many_token_kernels():
     from wide_tvm.bench.workloads import TILE_VARIANTS
-    from wide_tvm.tune import bench_kernels
+    from wide_tvm.tuning.driver import bench_kernels
 
     specs = {s.key: s for s in bench_kernels("cuda")}
-    gate_up = specs[kernel_knobs.kernel_key("gemm_mn_swiglu", 112, 128, 4096, "float16")]
+    gate_up = specs[kernel_spec.kernel_key("gemm_mn_swiglu", 112, 128, 4096, "float16")]
     tasks = ks.kernel_tasks(gate_up.kind, gate_up.groups, gate_up.group_size, gate_up.dim, gate_up.dtype,
                             gate_up.layout, "cuda", wgmma=True)
     # direct kernels up to 32 tokens (buckets 1, 8, 16, 32), then the tile buckets <= 128, <= 512, more
@@ -112,7 +113,7 @@ def test_cuda_tasks_cover_the_direct_and_many_token_kernels():
     assert set(tasks[0].choices()) == {"warps", "unroll", "stages", "row_warps", "ksplit"}  # each knob on its own
     assert TILE_VARIANTS == tasks[-1].choices()["variant"][:len(TILE_VARIANTS)]
     assert any(v[0] == "wgmma" for v in tasks[-1].choices()["variant"])
-    down = specs[kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16")]
+    down = specs[kernel_spec.kernel_key("gemm_k", 112, 128, 4096, "float16")]
     down_tasks = ks.kernel_tasks(down.kind, down.groups, down.group_size, down.dim, down.dtype, down.layout, "cuda")
     assert [t.tokens for t in down_tasks if t.space == "decode"] == [1, 8, 16, 32, 64]
     assert down_tasks[0].choices() == ks.DECODE_CHOICES and down_tasks[0].size() == 864  # + gemm_k's rows
@@ -137,7 +138,7 @@ def test_cuda_candidates_build_from_the_template():
         assert [m.kind for m in lib.imports] == ["cuda"]
         src = lib.imports[0].inspect_source()
         assert ("wgmma.mma_async" if space == "tile" else "mma.sync") in src
-        # a gemm_mn tile candidate is timed with the mask reorder a model runs in front of it (knob_runner)
+        # a gemm_mn tile candidate is timed with the mask reorder a model runs in front of it (tuning/runner.py)
         assert lib.implements_function(kr.REORDER) == (space == "tile")
 
 
@@ -163,7 +164,7 @@ def test_database_picks_the_fastest_record_per_bucket(tmp_path):
     k = ks.KnobTask("gemm_k", 4, 32, 64, "float32", "kn", "cpu", 2)
     _record(db, k, {"bm": 1, "bn": 2}, 7.0)
     assert len(measured(db, ks.template(mn))) == 3
-    entries = kernel_knobs.load(str(tmp_path))
+    entries = database.load(str(tmp_path))
     assert entries[mn.key]["cpu"] == [None, {"bm": 3, "bn": 1}, None]
     assert entries[mn.key]["database_us"] == {"cpu1": 20.0}
     assert entries[k.key]["cpu"] == [None, None, {"bm": 2, "bn": 64}]
@@ -179,10 +180,10 @@ def test_database_picks_the_fastest_record_per_bucket(tmp_path):
 
 
 def test_one_cold_sample_cannot_decide_a_pick(tmp_path):
-    """A record's time is the mean over its timed counts of each count's median (knob_tuning.record_seconds): the
+    """A record's time is the mean over its timed counts of each count's median (database.record_seconds): the
     H200 database once picked O's <= 128-token kernel for a record whose first sample was a cold 184 us among
     19-27 us ones. Here A is faster at both counts but has one such sample; B is slower at both."""
-    from wide_tvm.knob_tuning import best_records, record_seconds
+    from wide_tvm.tuning.database import best_records, record_seconds
 
     db = open_database(str(tmp_path))
     task = ks.KnobTask("gemm_k", 4, 64, 128, "float16", "tc", "tile", 0, wgmma=True)  # timed at 128, then 64 tokens
@@ -202,7 +203,7 @@ def test_damaged_database_names_its_folder(tmp_path):
     (tmp_path / "database_workload.json").write_text("not json\n")
     (tmp_path / "database_tuning_record.json").write_text("[1, 2]\n")
     with pytest.raises(Exception, match="unreadable MetaSchedule database"):
-        kernel_knobs.load(str(tmp_path))
+        database.load(str(tmp_path))
 
 
 def test_incumbent_is_what_the_kernel_runs_without_the_database():
@@ -264,7 +265,7 @@ def test_records_of_older_kernel_code_are_not_applied_but_re_measured_first(tmp_
     """Every template carries a hash of its kernels' code: after a kernel change the old records no longer apply
     (wide-compile falls back to the knob file or the default, --show says so), and wide-tune measures each task's
     fastest stale knobs first."""
-    from wide_tvm.knob_tuning import best_records, summary
+    from wide_tvm.tuning.database import best_records, summary
 
     db = open_database(str(tmp_path))
     task = ks.KnobTask("gemm_k", 4, 32, 64, "float32", "kn", "cpu", 2)
@@ -272,15 +273,15 @@ def test_records_of_older_kernel_code_are_not_applied_but_re_measured_first(tmp_
     _record(db, task, {"bm": 0, "bn": 0}, 9.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # all current: no warning
-        assert kernel_knobs.load(str(tmp_path))[task.key]["cpu"] == [None, None, {"bm": 2, "bn": 64}]
+        assert database.load(str(tmp_path))[task.key]["cpu"] == [None, None, {"bm": 2, "bn": 64}]
     monkeypatch.setattr(ks, "code_version", lambda space: "0123456789abcdef")  # the kernels changed
     assert not ks.is_current(db.get_all_tuning_records()[0].workload.mod)
-    with pytest.warns(kernel_knobs.StaleTuningWarning, match="1 tuned kernel bucket.*gemm_k/g4x32/d64/float32/cpu2"):
-        assert kernel_knobs.load(str(tmp_path)) == {}  # said, not silent
+    with pytest.warns(database.StaleTuningWarning, match="1 tuned kernel bucket.*gemm_k/g4x32/d64/float32/cpu2"):
+        assert database.load(str(tmp_path)) == {}  # said, not silent
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # -W error: the warning itself, not "unreadable MetaSchedule database"
-        with pytest.raises(kernel_knobs.StaleTuningWarning, match="gemm_k/g4x32/d64/float32/cpu2"):
-            kernel_knobs.load(str(tmp_path))
+        with pytest.raises(database.StaleTuningWarning, match="gemm_k/g4x32/d64/float32/cpu2"):
+            database.load(str(tmp_path))
     assert best_records(str(tmp_path)) == {}
     assert best_records(str(tmp_path), current=False) == {task: (pytest.approx(7e-6), {"bm": 2, "bn": 64})}
     assert "2 records were timed on older kernel code" in summary(str(tmp_path))
@@ -293,7 +294,7 @@ def test_first_form_decode_records_are_read_and_pruned(tmp_path):
     stale record and keeps the current ones."""
     from wide_tvm.bench.workloads import K_VARIANTS
     from wide_tvm.cli import tune_main
-    from wide_tvm.knob_tuning import best_records, prune, summary
+    from wide_tvm.tuning.database import best_records, prune, summary
     from wide_tvm.schedules.gemv import GemvKnobs
 
     db = open_database(str(tmp_path))
@@ -425,7 +426,7 @@ def test_records_keep_their_meaning_when_a_candidate_list_changes(tmp_path, monk
     """A record's decisions are indices into the candidate lists; the template stores its lists, so after a list
     changes (here CPU_BN reordered) an old record still names the knobs it timed, counts as measured for the new
     template, and its pick is applied as timed."""
-    from wide_tvm.knob_tuning import best_records
+    from wide_tvm.tuning.database import best_records
 
     db = open_database(str(tmp_path))
     task = ks.KnobTask("gemm_k", 4, 32, 64, "float32", "kn", "cpu", 2)
@@ -435,7 +436,7 @@ def test_records_keep_their_meaning_when_a_candidate_list_changes(tmp_path, monk
     assert best_records(str(tmp_path)) == {task: (pytest.approx(7e-6), {"bm": 2, "bn": 64})}
     new = ks.template(task)
     assert measured(db, new) == {ks.knob_key(ks.scheduled(task, {"bm": 1, "bn": 0}, new).mod)}
-    assert kernel_knobs.load(str(tmp_path))[task.key]["cpu"] == [None, None, {"bm": 2, "bn": 64}]
+    assert database.load(str(tmp_path))[task.key]["cpu"] == [None, None, {"bm": 2, "bn": 64}]
 
 
 def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path, monkeypatch):
@@ -447,7 +448,7 @@ def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path, monkeypat
     import subprocess
     import sys
 
-    from wide_tvm.knob_tuning import best_records, record_key, task_records
+    from wide_tvm.tuning.database import best_records, record_key, task_records
 
     restamp = _restamp_tool()
     path = restamp.__file__
@@ -575,7 +576,7 @@ def test_tile_buckets_are_timed_below_their_top_too():
 
 def test_bucket_halves_tool_ranks_as_the_database_picks():
     """tools/bucket_halves.py on the committed H200 database: every tile task's "pick" is the bucket's pick
-    kernel_knobs.load makes (the fastest record by the mean over its counts of each count's median), and its time
+    database.load makes (the fastest record by the mean over its counts of each count's median), and its time
     at the bucket's timed count is the largest (that count's repeats come first in a record)."""
     import re
     import subprocess
@@ -587,7 +588,7 @@ def test_bucket_halves_tool_ranks_as_the_database_picks():
                          capture_output=True, text=True, check=True).stdout
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        picks = kernel_knobs.load(folder)
+        picks = database.load(folder)
     tasks = re.findall(r"^(\S+)/tile(\d): \d+ current records\n  pick\s+(\(.*?\))\s+(.*)$", out, re.M)
     assert len(tasks) == 18, out  # 6 kernels x the <= 128, <= 512 and more-token buckets
     for key, bucket, knobs, times in tasks:
@@ -605,7 +606,7 @@ def test_measure_knobs_tool_picks_the_fastest_records_and_given_variants():
     import sys
 
     from wide_tvm.bench.workloads import STREAM_K_VARIANTS, TAIL_VARIANTS
-    from wide_tvm.knob_tuning import best_records, task_records
+    from wide_tvm.tuning.database import best_records, task_records
 
     root = os.path.join(os.path.dirname(__file__), "..")
     spec = importlib.util.spec_from_file_location("measure_knobs", os.path.join(root, "tools", "measure_knobs.py"))
@@ -633,7 +634,7 @@ def test_db_records_carries_a_subset_and_merges_back_only_new_records(tmp_path):
 
     from tvm.s_tir import meta_schedule as ms
 
-    from wide_tvm.knob_tuning import task_records
+    from wide_tvm.tuning.database import task_records
 
     root = os.path.join(os.path.dirname(__file__), "..")
     tool = os.path.join(root, "tools", "db_records.py")

@@ -166,3 +166,25 @@ def test_label_merges():
     x = np.array([[1, 1, FREE], [1, 2, FREE]])
     np.testing.assert_array_equal(_reduce(x, [1], False), [1, MIXED])
     np.testing.assert_array_equal(_reduce(x, [0], True), [[1, MIXED, FREE]])
+
+
+def test_wide_tune_plans_the_query_projection_as_its_own_kernel(tmp_path):
+    """wide-tune reads the lowering's plan (no kernel built): a model with a gated query projection tunes a plain
+    gemm_mn under its own key, next to gate/up's gemm_mn_swiglu (the kernel list was once parsed back from kernel
+    names, which filed every wide_gemm_mn_* under gemm_mn_swiglu)."""
+    from wide_tvm.kernel_spec import KernelSpec
+    from wide_tvm.tuning.driver import model_kernels
+
+    cfg = WideConfig(num_layers=1)
+    path = _export(build_example(cfg), cfg, str(tmp_path / "m.onnx"))
+    hd, hidden = cfg.head_dim, cfg.hidden_size
+    groups = cfg.num_heads // cfg.attn_group_size
+    inter = cfg.intermediate_size
+    specs = model_kernels(path, "llvm")
+    assert specs == sorted([
+        KernelSpec("gemm_mn", groups, cfg.attn_group_size * hd, hidden, "float32", "nk"),
+        KernelSpec("gemm_k", groups, cfg.attn_group_size * hd, hidden, "float32", "kp"),
+        KernelSpec("gemm_mn_swiglu", inter // cfg.ffn_group_size, cfg.ffn_group_size, hidden, "float32", "nk"),
+        KernelSpec("gemm_k", inter // cfg.ffn_group_size, cfg.ffn_group_size, hidden, "float32", "kp"),
+    ], key=lambda s: (s.key, s.layout))
+    assert len({s.key for s in specs}) == 4  # four tuning keys: the query projection is not filed under gate/up

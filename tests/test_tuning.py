@@ -9,7 +9,8 @@ import pytest
 from conftest import build_cpu
 
 import wide_tvm
-from wide_tvm import kernel_knobs
+from wide_tvm import kernel_spec
+from wide_tvm.tuning import database, knob_file
 from wide_tvm.errors import WideError
 from wide_tvm.cli import tune_main
 from wide_tvm.kernel_reference import make_mask, ref_gemm_k, ref_gemm_mn, ref_mask_reorder, rel_err
@@ -68,15 +69,15 @@ def test_cpu_kernels_take_one_tile_per_token_bucket(layout):
 
 
 def test_knob_file_merges_and_rejects_garbage(tmp_path):
-    key = kernel_knobs.kernel_key("gemm_k", 6, 32, 64, "float32")
-    kernel_knobs.save(str(tmp_path), {key: {"cpu": {"bm": 4, "bn": 8}}}, "llvm", "test")
-    other = kernel_knobs.kernel_key("gemm_mn_swiglu", 6, 32, 64, "float32")
-    kernel_knobs.save(str(tmp_path), {other: {"cpu": {"bm": 1, "bn": 16}}}, "llvm", "test")
-    assert set(kernel_knobs.load(str(tmp_path))) == {key, other}
-    assert kernel_knobs.load(str(tmp_path / "none")) == {}
-    (tmp_path / kernel_knobs.FILE).write_text("{not json")
+    key = kernel_spec.kernel_key("gemm_k", 6, 32, 64, "float32")
+    knob_file.save(str(tmp_path), {key: {"cpu": {"bm": 4, "bn": 8}}}, "llvm", "test")
+    other = kernel_spec.kernel_key("gemm_mn_swiglu", 6, 32, 64, "float32")
+    knob_file.save(str(tmp_path), {other: {"cpu": {"bm": 1, "bn": 16}}}, "llvm", "test")
+    assert set(database.load(str(tmp_path))) == {key, other}
+    assert database.load(str(tmp_path / "none")) == {}
+    (tmp_path / knob_file.FILE).write_text("{not json")
     with pytest.raises(wide_tvm.WideError, match="not a kernel knob file"):
-        kernel_knobs.load(str(tmp_path))
+        database.load(str(tmp_path))
 
 
 @pytest.mark.slow
@@ -85,9 +86,9 @@ def test_wide_tune_cpu_resumes_and_compile_applies_it(exported, tmp_path, capsys
     only points not measured yet (and nothing once --trials are in), and wide-compile applies the fastest. A few
     trials left per task are drawn at random in one batch; more go through the evolutionary search (forced here
     for one trial, the spaces of this tiny model being small)."""
-    from wide_tvm import knob_tuning
-    from wide_tvm.knob_tuning import open_database
-    from wide_tvm.schedules.knob_space import knob_key, replayed, task_of
+    from wide_tvm.tuning import search
+    from wide_tvm.tuning.database import open_database
+    from wide_tvm.tuning.space import knob_key, replayed, task_of
 
     path, model, cfg = exported("default", "onnx")
     out = str(tmp_path / "tl")
@@ -101,11 +102,11 @@ def test_wide_tune_cpu_resumes_and_compile_applies_it(exported, tmp_path, capsys
 
     assert tune_main([path, "--target", "llvm", "--trials", "1", "--out", out]) == 0
     assert len(points()) == 12  # gate/up, down, q_proj, o_proj x 3 CPU token buckets
-    entries = kernel_knobs.load(out)
+    entries = database.load(out)
     assert len(entries) == 4 and all(None not in e["cpu"] and len(e["cpu"]) == 3 for e in entries.values())
     with monkeypatch.context() as m:
-        m.setattr(knob_tuning, "SEARCH_MIN", 1)  # the evolutionary search even for one trial
-        m.setattr(knob_tuning, "random_points", None)  # (not called)
+        m.setattr(search, "SEARCH_MIN", 1)  # the evolutionary search even for one trial
+        m.setattr(search, "random_points", None)  # (not called)
         assert tune_main([path, "--target", "llvm", "--trials", "2", "--out", out]) == 0  # resumes: one more each
     assert len(points()) == 24 and len(set(points())) == 24
     capsys.readouterr()
@@ -116,7 +117,7 @@ def test_wide_tune_cpu_resumes_and_compile_applies_it(exported, tmp_path, capsys
     assert table.count("| 2 / ") == 12 and "/cpu2 | 64 | 2 / " in table
     assert tune_main([path, "--target", "llvm", "--trials", "3", "--out", out]) == 0  # one more each, at random
     assert len(points()) == 36 and len(set(points())) == 36
-    runs = json.loads((tmp_path / "tl" / kernel_knobs.RUNS).read_text())
+    runs = json.loads((tmp_path / "tl" / knob_file.RUNS).read_text())
     assert [len(r["tasks"]) for r in runs] == [12, 12, 0, 12] and all(r["finished"] for r in runs)
     assert runs[0]["command"].startswith("wide-tune") and "--trials 1" in runs[0]["command"]
     assert "llvm" in runs[0]["target"]
@@ -136,7 +137,7 @@ def test_tuned_knobs_reach_the_kernels():
     from wide_tvm.schedules.gemv import GemvKnobs
     from wide_tvm.schedules.tile_gemm import DEFAULT_TILES
 
-    key = kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16")
+    key = kernel_spec.kernel_key("gemm_k", 112, 128, 4096, "float16")
     entries = {key: {"cpu": {"bm": 4, "bn": 16}, "decode": [[32, 2], [16, 1]]}}
     cpu = _State("llvm", {}, None, entries)
     gpu = _State("cuda", {}, None, entries)
@@ -165,10 +166,10 @@ def test_wide_tune_from_gpu_sweep(tmp_path):
     (tmp_path / "sweep.json").write_text(json.dumps(sweep))
     out = str(tmp_path / "cuda")
     assert tune_main(["--target", "cuda", "--from-sweep", str(tmp_path / "sweep.json"), "--out", out]) == 0
-    entries = kernel_knobs.load(out)
-    assert entries[kernel_knobs.kernel_key("gemm_mn_swiglu", 112, 128, 4096, "float16")]["decode"] == [
+    entries = database.load(out)
+    assert entries[kernel_spec.kernel_key("gemm_mn_swiglu", 112, 128, 4096, "float16")]["decode"] == [
         [8, 4, 1, 0, 1, 1]] + [[8, 2, 1, 0, 1, 1]] * 4
-    down = entries[kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16")]
+    down = entries[kernel_spec.kernel_key("gemm_k", 112, 128, 4096, "float16")]
     assert down["decode"] == [[8, 4, 2, 0, 1, 1]] + [[8, 2, 2, 0, 1, 1]] * 4
     assert down["timed_at_tokens"] == [[1], [4, 8], [16], [32], [64]]
     assert "tiles" not in down
@@ -183,8 +184,8 @@ def test_wide_tune_from_gpu_sweep(tmp_path):
     (tmp_path / "tiles.json").write_text(json.dumps(tiles))
     assert tune_main(["--target", "cuda", "--from-sweep", str(tmp_path / "sweep.json"), str(tmp_path / "tiles.json"),
                       "--out", out]) == 0
-    entries = kernel_knobs.load(out)
-    down = entries[kernel_knobs.kernel_key("gemm_k", 112, 128, 4096, "float16")]
+    entries = database.load(out)
+    down = entries[kernel_spec.kernel_key("gemm_k", 112, 128, 4096, "float16")]
     assert down["tiles"] == list(picks.values()) and down["tiles_us"] == [900.0] * 3
     assert _tuned(_State("cuda", {}, None, entries), "gemm_k", 112, 128, 4096, "float16") == {
         "decode_knobs": (GemvKnobs(8, 4, 2),) + (GemvKnobs(8, 2, 2),) * 4,
@@ -206,7 +207,7 @@ def test_wide_tune_errors(exported, tmp_path, capsys):
     assert "--trials 0: give at least 1 trial" in capsys.readouterr().err
     assert tune_main(["--target", "cuda", "--from-sweep", "s.json", "--trials", "3", "--out", str(tmp_path)]) == 2
     assert "--from-sweep imports measurements" in capsys.readouterr().err
-    assert not (tmp_path / kernel_knobs.FILE).exists() and not (tmp_path / "database_workload.json").exists()
+    assert not (tmp_path / knob_file.FILE).exists() and not (tmp_path / "database_workload.json").exists()
 
 
 def test_bench_report_table_and_plot(tmp_path):
@@ -316,16 +317,16 @@ def test_sweep_knob_names_match_the_kernels():
 def test_a_stopped_run_stays_on_record_as_unfinished(tmp_path, monkeypatch):
     """wide-tune records its run before measuring: a run stopped half way (here: interrupted) is listed with the
     tasks it set out to tune and finished: false; its records, if any, are already in the database."""
-    from wide_tvm import knob_tuning
-    from wide_tvm.tune import tune
+    from wide_tvm.tuning import search
+    from wide_tvm.tuning.driver import tune
 
     def stopped(*_args, **_kw):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(knob_tuning, "tune_tasks", stopped)
+    monkeypatch.setattr(search, "tune_tasks", stopped)
     with pytest.raises(KeyboardInterrupt):
         tune(None, "llvm", str(tmp_path), llama8b=True, trials=3, only="cpu0")
-    (run,) = json.loads((tmp_path / kernel_knobs.RUNS).read_text())
+    (run,) = json.loads((tmp_path / knob_file.RUNS).read_text())
     assert run["finished"] is False and "--trials 3" in run["command"]
     assert run["tasks"] == [f"{kind}/g112x128/d4096/{dt}/cpu0" for dt in ("float32", "float16", "bfloat16")
                             for kind in ("gemm_mn_swiglu", "gemm_k")]

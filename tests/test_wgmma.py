@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from wide_tvm.cuda_aot import prepare_cuda_aot
+from wide_tvm.cuda_aot import cuda_codegen
 
-prepare_cuda_aot()
+cuda_codegen()
 
 import tvm  # noqa: E402
 
@@ -278,7 +278,7 @@ def test_pattern_order_is_a_knob_of_few_group_gemm_k_past_512_tokens():
     """Only gemm_k of at most 8 groups (O's head groups) orders its tokens by mask pattern, on the per-tile grid with
     lookahead; of the tuning spaces only its bucket past 512 tokens gets the candidates."""
     from wide_tvm.bench.workloads import ORDER_VARIANTS, WGMMA_VARIANTS, Workload, wgmma_fits
-    from wide_tvm.schedules import knob_space as ks
+    from wide_tvm.tuning import space as ks
 
     order = ["wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 1]
     with pytest.raises(ValueError, match="only the wgmma gemm_k orders its tokens"):
@@ -369,7 +369,7 @@ def test_mma_skip_is_a_knob_of_gemm_mns_tile_buckets():
     """The warpgroup MMA skip (mma_skip) is a candidate of gemm_mn's tile buckets (its split-tail form past 512 tokens
     only), never of gemm_k's."""
     from wide_tvm.bench.workloads import SKIP_VARIANTS, WGMMA_VARIANTS, mma_skip, tile_name
-    from wide_tvm.schedules import knob_space as ks
+    from wide_tvm.tuning import space as ks
 
     assert set(SKIP_VARIANTS) <= set(WGMMA_VARIANTS)
     assert all(tile_name(v) == tile_knob(v).name() and tile_knob(v).name().endswith("m") for v in SKIP_VARIANTS)
@@ -388,7 +388,7 @@ def test_split_tail_is_a_gemm_mn_knob_of_the_last_bucket():
     """Only gemm_mn splits its tail wave (gemm_k's persistent grid has stream-K), and only the bucket past 512
     tokens gets such candidates: below, the per-tile gemm_mn sorts its own tokens and never runs the split pass."""
     from wide_tvm.bench.workloads import TAIL_VARIANTS
-    from wide_tvm.schedules import knob_space as ks
+    from wide_tvm.tuning import space as ks
 
     with pytest.raises(ValueError, match="only the wgmma gemm_mn splits its tail wave"):
         check_wgmma_shape(128, 4096, tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8]))
@@ -451,10 +451,10 @@ def test_hopper_targets_get_wgmma():
 
 
 def test_tuned_wgmma_picks_follow_the_target():
-    from wide_tvm import kernel_knobs
+    from wide_tvm import kernel_spec
     from wide_tvm.passes.lower_gated import _State, _tuned
 
-    key = kernel_knobs.kernel_key("gemm_mn_swiglu", 112, 128, 4096, "float16")
+    key = kernel_spec.kernel_key("gemm_mn_swiglu", 112, 128, 4096, "float16")
     log = {key: {"tiles": [["gemv"], ["wgmma", 128, 2, 4], ["wgmma", 128, 4, 4]]}}
     hopper = _tuned(_State("cuda", {}, None, log, wgmma=True), "gemm_mn_swiglu", 112, 128, 4096, "float16")
     assert hopper["tile_knobs"] == (GEMV_TILES, TileKnobs(128, 2, 4, 1, "wgmma"), WGMMA_TILES)
@@ -475,7 +475,7 @@ def test_per_tile_wgmma_gemm_mn_sorts_its_tokens_up_to_512():
 
     from wide_tvm.bench.workloads import Workload
     from wide_tvm.passes.lower_gated import _reorder_bound, _State
-    from wide_tvm.schedules import knob_space as ks
+    from wide_tvm.tuning import space as ks
     from wide_tvm.schedules import mask_reorder
     from wide_tvm.schedules.wgmma_gemm import SORT_TOKENS, reorder_free_bound, sorts_tokens
 

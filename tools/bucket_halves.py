@@ -3,8 +3,8 @@
     python tools/bucket_halves.py tuning_logs/cuda-sm90 [--records-of REV]
 
 The tuning runner times each candidate of the <= 128, <= 512 and more-token buckets at the bucket's timed count
-(128, 512, 4096) and at smaller counts in it (schedules/knob_runner.py, ALSO_TIMED: 64; 256; 2048, 1536, 1024) and
-ranks them by the mean over the counts of each count's median (knob_tuning.record_seconds). This prints, per such
+(128, 512, 4096) and at smaller counts in it (tuning/runner.py, ALSO_TIMED: 64; 256; 2048, 1536, 1024) and
+ranks them by the mean over the counts of each count's median (database.record_seconds). This prints, per such
 task, the pick and the best candidate at each count alone, each with its median at every count: where they agree, a
 bucket split at those counts would pick the same kernel.
 """
@@ -24,10 +24,10 @@ def main() -> None:
     p.add_argument("--records-of", help="count records of this git revision's kernel code as current")
     args = p.parse_args()
     warnings.simplefilter("ignore")
-    from wide_tvm.knob_tuning import count_medians, task_records, timed_counts, timed_seconds
+    from wide_tvm.tuning.database import count_medians, task_records, timed_counts, timed_seconds
     from wide_tvm.schedules.code_version import records_of
-    from wide_tvm.schedules.knob_runner import ALSO_TIMED
-    from wide_tvm.schedules.knob_space import is_current, knob_values, replayed
+    from wide_tvm.tuning.runner import ALSO_TIMED
+    from wide_tvm.tuning.space import is_current, knob_values, replayed
 
     with records_of(args.records_of) if args.records_of else contextlib.nullcontext():
         by_task = defaultdict(list)

@@ -13,15 +13,15 @@ import json
 import os
 import re
 
-from wide_tvm.cuda_aot import prepare_cuda_aot
+from wide_tvm.cuda_aot import cuda_codegen
 
-prepare_cuda_aot()
+cuda_codegen()
 
 import tvm  # noqa: E402
 
 from wide_tvm import compile as wide_compile  # noqa: E402
-from wide_tvm import kernel_knobs  # noqa: E402
-from wide_tvm.kernel_knobs import kernel_key  # noqa: E402
+from wide_tvm.tuning import knob_file  # noqa: E402
+from wide_tvm.kernel_spec import kernel_key  # noqa: E402
 from wide_tvm.frontends.export import export_model  # noqa: E402
 from wide_tvm.frontends.hf_checkpoint import load_wide_checkpoint  # noqa: E402
 from wide_tvm.model import WideConfig, build_example, example_inputs  # noqa: E402
@@ -223,7 +223,7 @@ def build_wgmma_example(out_dir: str, cfg: WideConfig, fp16_path: str) -> None:
     key = kernel_key("gemm_mn_swiglu", cfg.intermediate_size // cfg.ffn_group_size, cfg.ffn_group_size,
                      cfg.hidden_size, "float16")
     log = os.path.join(out_dir, "wgmma_log")
-    kernel_knobs.save(log, {key: {"tiles": [["wgmma", 64, 4, 5], ["wgmma", 128, 2, 4], ["wgmma", 128, 4, 4]]}},
+    knob_file.save(log, {key: {"tiles": [["wgmma", 64, 4, 5], ["wgmma", 128, 2, 4], ["wgmma", 128, 4, 4]]}},
                       "cuda", "tools/build_gpu_check.py")
     compiled = wide_compile(fp16_path, "cuda", tuning_log=log)
     compiled.export(os.path.join(out_dir, "example_fp16_wgmma.so"))

@@ -23,9 +23,9 @@ TIME_TOKENS = (513, 1024, 2048, 4096, 16384)
 
 
 def build(out: str, source: str | None = None) -> None:
-    from wide_tvm.cuda_aot import prepare_cuda_aot
+    from wide_tvm.cuda_aot import cuda_codegen
 
-    prepare_cuda_aot()
+    cuda_codegen()
     import tvm
     from tvm.script import tirx as T
 
@@ -77,9 +77,9 @@ def run(folder: str, out_json: str, reps: int) -> int:
     import tvm
 
     from wide_tvm.kernel_reference import make_mask
-    from wide_tvm.runtime import _ensure_cuda_runtime
+    from wide_tvm.runtime import ensure_cuda_runtime
 
-    _ensure_cuda_runtime(tvm)
+    ensure_cuda_runtime(tvm)
     tv = tvm.runtime.from_dlpack
     lib = tvm.runtime.load_module(os.path.join(folder, "sort.so"))
     result = {"device": torch.cuda.get_device_name(), "checks": [], "timing": []}

@@ -13,7 +13,7 @@ after), tune into the subset there with --force, and merge the folder that comes
     #       --only '...' --force --trials N --out $OUT/sub
     python tools/db_records.py RETURNED_SUB tuning_logs/cuda-sm90
 
-A record is the same when its workload and its JSON (trace, run times, target) are (knob_tuning.record_key), so the
+A record is the same when its workload and its JSON (trace, run times, target) are (database.record_key), so the
 returned folder, which started as the subset, adds only the records measured there.
 """
 
@@ -31,7 +31,7 @@ def main() -> int:
     p.add_argument("--only", default="", help="copy only the records of the tasks this regex finds (wide-tune's task "
                    "names, e.g. 'gemm_k/g8x512/d4096/float16/decode0$')")
     args = p.parse_args()
-    from wide_tvm.knob_tuning import RECORD_FILE, copy_records
+    from wide_tvm.tuning.database import RECORD_FILE, copy_records
 
     if not os.path.exists(os.path.join(args.src, RECORD_FILE)):
         p.error(f"{args.src}: no tuning database ({RECORD_FILE})")

@@ -19,7 +19,7 @@ import torch
 import wide_tvm
 from wide_tvm.kernel_reference import MASK_KINDS, make_mask, ref_mask_reorder, rel_err
 from wide_tvm.model import WideConfig, WideForCausalLM, build_example, example_inputs
-from wide_tvm.runtime import _ensure_cuda_runtime
+from wide_tvm.runtime import ensure_cuda_runtime
 from wide_tvm.weight_layout import pack
 
 TOKENS = (1, 5, 8, 9, 16, 17, 32, 33, 63, 64, 65, 100, 700)
@@ -155,7 +155,7 @@ def main() -> None:
     args = p.parse_args()
     import tvm
 
-    _ensure_cuda_runtime(tvm)
+    ensure_cuda_runtime(tvm)
     rows: list = []
     if os.path.exists(os.path.join(args.build_dir, "example.so")):  # not in a `build_gpu_check.py --only` build
         check_example(args.build_dir, rows)

@@ -6,7 +6,7 @@
 For each task of the Llama-3.1-8B kernels (wide-tune --llama8b's) that --only finds: its --top K fastest records of
 any kernel-code version, re-timed today, and each --variant (a tile task's `variant` knob, JSON) that is one of its
 candidates; points already timed on today's code are skipped. The records are MetaSchedule's, timed by the runner
-wide-tune uses (schedules/knob_runner.py), so the database's picks compare them with every other record: for a
+wide-tune uses (tuning/runner.py), so the database's picks compare them with every other record: for a
 runner change (the records it stamps stale elsewhere: re-stamp the rest, re-time these) or a new candidate, where a
 search would measure what is already known. Needs wide_tvm installed (pip install -e .), or on the GPU host the
 package layout tools/gpu_tune.sh makes (its scratch folder on PYTHONPATH).
@@ -23,8 +23,8 @@ import sys
 def points_to_time(tasks: list, records: list, top: int, variants: list[tuple]) -> list[tuple]:
     """(task, knob values) to time: per task its `top` fastest distinct records' knobs (any code version), then the
     `variants` it has, each once."""
-    from wide_tvm.knob_tuning import record_seconds, timed_seconds
-    from wide_tvm.schedules.knob_space import knob_values, replayed
+    from wide_tvm.tuning.database import record_seconds, timed_seconds
+    from wide_tvm.tuning.space import knob_values, replayed
 
     out = []
     for task in tasks:
@@ -58,11 +58,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="a tile `variant` to time where a task has it (repeatable)")
     args = p.parse_args(argv)
 
-    from wide_tvm import kernel_knobs
-    from wide_tvm.knob_tuning import _builder, _runner, measure_points, measured_by_task, open_database, task_records
-    from wide_tvm.schedules.knob_space import decisions_of, knob_key, scheduled, task_of, template
     from wide_tvm.targets import parse_target
-    from wide_tvm.tune import _gpu_name, bench_kernels, spec_tasks
+    from wide_tvm.tuning import knob_file
+    from wide_tvm.tuning.database import measured_by_task, open_database, task_records
+    from wide_tvm.tuning.driver import bench_kernels, gpu_name, spec_tasks
+    from wide_tvm.tuning.search import candidate_builder, candidate_runner, measure_points
+    from wide_tvm.tuning.space import decisions_of, knob_key, scheduled, task_of, template
 
     tgt = parse_target(args.target)
     tasks = [t for t in spec_tasks(bench_kernels(tgt.kind.name), tgt) if re.search(args.only, t.name)]
@@ -83,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command = "python3 tools/measure_knobs.py " + " ".join(argv if argv is not None else sys.argv[1:])
     names = sorted({task_of(mod).name for mod, _ in points})
-    run = kernel_knobs.record_run(args.folder, str(tgt), command, names,
-                                  hardware=_gpu_name() if tgt.kind.name == "cuda" else None)
-    measure_points(points, tgt, _builder(), _runner(tgt), open_database(args.folder))
-    kernel_knobs.finish_run(args.folder, run, names)
+    run = knob_file.record_run(args.folder, str(tgt), command, names,
+                               hardware=gpu_name() if tgt.kind.name == "cuda" else None)
+    measure_points(points, tgt, candidate_builder(), candidate_runner(tgt), open_database(args.folder))
+    knob_file.finish_run(args.folder, run, names)
     print(f"timed {len(points)} points into {args.folder}")
     return 0
 

@@ -20,7 +20,7 @@ import tvm
 from wide_tvm.bench.measure import _launch, _reorder_args, _rotating_weights
 from wide_tvm.bench.workloads import Workload
 from wide_tvm.kernel_reference import make_mask
-from wide_tvm.runtime import _ensure_cuda_runtime
+from wide_tvm.runtime import ensure_cuda_runtime
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     p.add_argument("--sparsity", type=float, default=0.5)
     p.add_argument("--cublas", action="store_true")
     args = p.parse_args()
-    _ensure_cuda_runtime(tvm)
+    ensure_cuda_runtime(tvm)
     with open(os.path.join(args.build_dir, "bench.json")) as f:
         spec = json.load(f)
     ours = tvm.runtime.load_module(os.path.join(args.build_dir, "ours.so"))

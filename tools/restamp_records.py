@@ -12,7 +12,7 @@ makes all of that space's records stale, also where the edit changed no kernel a
 buckets a kernel dispatches to). A record's knobs are indices into its task's candidate lists; records older than
 the lists stored in their template (`wide.choices`) are decoded with REV's lists, and re-stamped ones keep them, so a
 later change of a list cannot change what they mean. For each record stamped with REV's code version and not today's, this builds
-the record's kernel (its task at its knob values, schedules.knob_space.instantiate) under REV's modules, in a
+the record's kernel (its task at its knob values, tuning.space.instantiate) under REV's modules, in a
 subprocess run from `git archive REV`, and under today's, and compares their structural hashes. A record whose
 kernel is the same TIR gets today's stamp; the others stay stale (wide-compile ignores them, `--prune` drops them).
 `--set MODULE.NAME=VALUE` builds today's kernels with a constant of a kernel module (wide_tvm.schedules.MODULE) set
@@ -40,9 +40,13 @@ import tempfile
 HASHES = r"""
 import importlib, json, os, re, sys
 import tvm, tvm_ffi
-from wide_tvm.knob_tuning import task_records
+try:
+    from wide_tvm.tuning.database import task_records
+    from wide_tvm.tuning.space import choices_of, instantiate, knob_values, replayed
+except ImportError:  # a revision before the tuning subpackage (2026-12-07)
+    from wide_tvm.knob_tuning import task_records
+    from wide_tvm.schedules.knob_space import choices_of, instantiate, knob_values, replayed
 from wide_tvm.schedules.code_version import code_version
-from wide_tvm.schedules.knob_space import choices_of, instantiate, knob_values, replayed
 for pin in filter(None, os.environ.get("WIDE_RESTAMP_SET", "").split(";")):  # today's build only (kernel_hashes)
     name, value = pin.split("=", 1)
     module, attr = name.rsplit(".", 1)
@@ -101,7 +105,7 @@ def kernel_hashes(folder: str, stamp: str, package_root: str | None = None,
 def task_chunks(folder: str, stamp: str, jobs: int) -> list[str]:
     """Regexes that split FOLDER's tasks with records stamped `stamp` (and matching WIDE_RESTAMP_ONLY) into up to
     `jobs` groups of about equal record counts, one group a pair of builds."""
-    from wide_tvm.knob_tuning import task_records
+    from wide_tvm.tuning.database import task_records
 
     counts: dict[str, int] = {}
     for task, rec in task_records(folder):
@@ -197,7 +201,7 @@ def unsampled_records(folder: str, built: dict, same: set[int]) -> set[int]:
     record stamped by a version that `built` holds records of, in a task all of whose built records are in
     `same` (and that matches WIDE_RESTAMP_ONLY). Records whose template does not store its candidate lists are
     left out (their decisions would need the old lists, which only a build reports)."""
-    from wide_tvm.knob_tuning import task_records
+    from wide_tvm.tuning.database import task_records
 
     records = task_records(folder)
     stamps = {str(records[int(i)][1].workload.mod["main"].attrs.get("wide.code", "")) for i in built}
@@ -245,7 +249,7 @@ def main() -> int:
         p.error("give --since REV (build and compare) or --from-report FILE")
     import tvm
 
-    from wide_tvm.knob_tuning import record_key, rewrite_database, task_records
+    from wide_tvm.tuning.database import record_key, rewrite_database, task_records
     from wide_tvm.schedules.code_version import code_version
 
     records = task_records(args.folder)

@@ -37,14 +37,14 @@ def stress_one(build_dir: str, name: str, tokens: int, kind: str, calls: int, sp
 
     from wide_tvm.bench import measure
     from wide_tvm.bench.workloads import Workload
-    from wide_tvm.runtime import _ensure_cuda_runtime
+    from wide_tvm.runtime import ensure_cuda_runtime
 
     spec_path = os.path.join(build_dir, "bench.json")
     if not os.path.exists(spec_path):
         raise SystemExit(f"error: {spec_path} does not exist: BUILD_DIR must be a `wide-bench build` folder")
     with open(spec_path) as f:
         spec = json.load(f)
-    _ensure_cuda_runtime(tvm)
+    ensure_cuda_runtime(tvm)
     tv = tvm.runtime.from_dlpack
     found = [Workload(**v) for v in spec["workloads"] if v["name"] == name]
     if not found:

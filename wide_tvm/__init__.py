@@ -1,13 +1,11 @@
 """wide-tvm: compile token-level dynamically pruned (WIDE) LLMs into block-sparse TVM kernels.
 
 `compile` needs the TVM compiler; `load` works with the TVM runtime alone, so neither is imported
-until it is used.
+until it is used. Importing the package changes nothing in the process: the CPU thread count, the CUDA stand-in
+driver and the nvcc callback are installed by `compile` / `load` (and the tools that build kernels) when called.
 """
 
-from .cpu_threads import use_physical_cores
 from .errors import WideError
-
-use_physical_cores()  # before TVM's CPU thread pool starts (wide_tvm/cpu_threads.py)
 
 
 def compile(model, target: str = "llvm", tuning_log: str | None = None, dense: bool = False,  # noqa: A001

@@ -11,6 +11,16 @@ import warnings
 from .errors import WideError
 
 
+def _prepare_builds() -> None:
+    """Before this process first imports TVM: TVM's CPU pool on every physical core, and the stand-in CUDA driver
+    where there is no real one (wide_tvm/cuda_aot.py), so the kernels it builds embed device code."""
+    from .cpu_threads import use_physical_cores
+    from .cuda_aot import prepare_cuda_aot
+
+    use_physical_cores()
+    prepare_cuda_aot()
+
+
 def _fail(err: Exception) -> int:
     print(f"error: {err}", file=sys.stderr)
     return 2
@@ -179,6 +189,8 @@ def bench_main(argv=None) -> int:
     if args.cmd == "run" and any(not 0 <= s <= 1 for s in args.sparsity or ()):
         p.error(f"--sparsity {' '.join(map(str, args.sparsity))}: each must be in [0, 1] (1: every group skipped)")
     try:
+        if args.cmd in ("build", "cpu"):
+            _prepare_builds()
         if args.cmd == "build":
             from .bench.build import build
 
@@ -188,7 +200,7 @@ def bench_main(argv=None) -> int:
 
             from .bench.cpu import run_cpu
             from .compiler import REPO_TUNING_LOGS
-            from .kernel_knobs import load as load_knobs
+            from .tuning.database import load as load_knobs
             from .targets import parse_target, target_folder
 
             tgt = parse_target(args.target)
@@ -255,18 +267,19 @@ def tune_main(argv=None) -> int:
     p.add_argument("--llama8b", action="store_true", help="tune the benchmark's Llama-3.1-8B kernels instead of a model's")
     args = p.parse_args(argv)
     try:
+        _prepare_builds()
         from .compiler import REPO_TUNING_LOGS
         from .targets import parse_target, target_folder
-        from .tune import DEFAULT_TRIALS, tune
+        from .tuning.driver import DEFAULT_TRIALS, tune
 
         out = args.out or str(REPO_TUNING_LOGS / target_folder(parse_target(args.target)))
         if args.show:
-            from .knob_tuning import summary
+            from .tuning.database import summary
 
             print(summary(out))
             return 0
         if args.prune:
-            from .knob_tuning import prune
+            from .tuning.database import prune
 
             kept, dropped = prune(out)
             print(f"{out}: dropped {dropped} records of older kernel code, kept {kept}")

@@ -7,18 +7,11 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import kernel_knobs, weight_layout
+from . import weight_layout
 from .artifact import atomic_outputs, save_weights
-from .cuda_aot import nvcc_path, prepare_cuda_aot
+from .cpu_threads import use_physical_cores
+from .cuda_aot import cuda_codegen, nvcc_path, prepare_cuda_aot
 from .errors import WideError
-
-prepare_cuda_aot()  # before the first `import tvm`; a no-op where a real driver exists
-
-import tvm  # noqa: E402
-
-from .frontends.loader import ImportedModel, import_model  # noqa: E402
-from .passes import LowerGatedLayers, wide_pipeline  # noqa: E402
-from .targets import has_wgmma, launches_dependents, parse_target, target_folder  # noqa: E402
 
 REPO_TUNING_LOGS = Path(__file__).resolve().parent.parent / "tuning_logs"
 
@@ -32,7 +25,7 @@ class Compiled:
     """A compiled WIDE model: the TVM executable, its weights and what the passes lowered."""
 
     executable: object
-    model: ImportedModel
+    model: object  # frontends.loader.ImportedModel
     target: object
     layers: list = field(default_factory=list)
     tuning_log: str | None = None
@@ -44,7 +37,7 @@ class Compiled:
     def meta(self) -> dict:
         return {"format": 1, "target": str(self.target), "device": self.device_kind,
                 "input_names": self.model.input_names, "weight_names": self.model.weight_names,
-                "layers": [vars(layer) for layer in self.layers], "source": str(self.model.source)}
+                "layers": [layer.to_json() for layer in self.layers], "source": str(self.model.source)}
 
     def export(self, path: str) -> str:
         """Write PATH (TVM library) and its weights file atomically; returns PATH."""
@@ -65,18 +58,24 @@ class Compiled:
         lines.append(f"weights: {len(self.model.weights)} tensors kept as parameters, saved beside the library "
                      f"(*.weights.npz), {sum(w.nbytes for w in self.model.weights) / 2**20:.2f} MiB")
         if self.tuning_log:
-            tuned = len(kernel_knobs.load(self.tuning_log))
+            from .tuning.database import load
+
+            tuned = len(load(self.tuning_log))
             lines.append(f"tuning log applied: {self.tuning_log} ({tuned} kernel knob entries)")
         return "\n".join(lines)
 
 
 def _tuning_log(target, tuning_log: str | None) -> str | None:
+    from .targets import target_folder
+    from .tuning.database import WORKLOAD_FILE
+    from .tuning.knob_file import FILE as KNOB_FILE
+
     if tuning_log is not None:
         if not os.path.isdir(tuning_log):
             raise WideError(f"{tuning_log}: tuning log folder not found")
         return tuning_log
     default = REPO_TUNING_LOGS / target_folder(target)
-    has = (default / "database_workload.json").exists() or (default / kernel_knobs.FILE).exists()
+    has = (default / WORKLOAD_FILE).exists() or (default / KNOB_FILE).exists()
     return str(default) if has else None
 
 
@@ -93,16 +92,28 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     `dense=True` skips the gated-layer lowering: the same pipeline, TVM's dense kernels (a baseline).
     `dependent_launch=False` launches the gated kernels plainly on sm_90+ too (schedules/dependent_launch.py).
     """
+    use_physical_cores()  # before TVM's CPU thread pool starts
+    prepare_cuda_aot()  # before the first `import tvm` (a no-op where a real driver exists)
+    import tvm
+
+    from .frontends.loader import import_model
+    from .passes import LowerGatedLayers, wide_pipeline
+    from .targets import has_wgmma, launches_dependents, parse_target
+    from .tuning.database import WORKLOAD_FILE
+    from .tuning.database import load as load_knobs
+
     tgt = parse_target(target) if isinstance(target, str) else target
     if tgt.kind.name == "cuda" and nvcc_path() is None:
         raise WideError(f"target {target!r} needs nvcc to build CUDA device code, and none was found on PATH")
     if tgt.kind.name not in ("cuda", "llvm"):
         raise WideError(f"target {target!r}: only cuda and llvm targets are supported")
+    if tgt.kind.name == "cuda":
+        cuda_codegen()
     imported = import_model(model)
     log = _tuning_log(tgt, tuning_log)
-    lower = LowerGatedLayers(tgt.kind.name, enabled=not dense, knobs=kernel_knobs.load(log), wgmma=has_wgmma(tgt),
+    lower = LowerGatedLayers(tgt.kind.name, enabled=not dense, knobs=load_knobs(log), wgmma=has_wgmma(tgt),
                              dependent=dependent_launch and launches_dependents(tgt))
-    ms_log = log if log and os.path.exists(os.path.join(log, "database_workload.json")) else None
+    ms_log = log if log and os.path.exists(os.path.join(log, WORKLOAD_FILE)) else None
     try:
         with tgt:
             executable = tvm.compile(imported.mod, tgt, relax_pipeline=wide_pipeline(tgt, lower, ms_log))
@@ -112,10 +123,11 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
         lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
         raise WideError(f"{imported.source}: compiling for {tgt.kind.name} failed: "
                         f"{lines[-1] if lines else type(err).__name__}") from None
-    if lower.repacked:  # weights the kernels read in another layout: repack the stored arrays once, here
-        imported.weights = [_repacked(w, *lower.repacked[name]) if name in lower.repacked else w
+    repacked = lower.plan.repacked
+    if repacked:  # weights the kernels read in another layout: repack the stored arrays once, here
+        imported.weights = [_repacked(w, *repacked[name]) if name in repacked else w
                             for w, name in zip(imported.weights, imported.weight_names)]
-    if not lower.layers and not dense:
+    if not lower.plan.layers and not dense:
         warnings.warn(f"{imported.source}: no router-gated layers found; compiled dense", NoGatedLayersWarning,
                       stacklevel=2)
-    return Compiled(executable, imported, tgt, lower.layers, log)
+    return Compiled(executable, imported, tgt, lower.plan.layers, log)

@@ -1,10 +1,11 @@
 """Ahead-of-time CUDA builds on machines with `nvcc` but no GPU driver.
 
 TVM's CUDA runtime library links against the driver (`libcuda.so.1`). Without it TVM silently stores
-CUDA *source* in the library, which then needs a compiler on the GPU host. We load a stand-in
+CUDA *source* in the library, which then needs a compiler on the GPU host. `cuda_codegen()` loads a stand-in
 `libcuda.so.1` (the nine driver entry points TVM links, each answering CUDA_ERROR_NO_DEVICE) before
-TVM is imported, and compile device code with `nvcc` so that the library embeds a real fatbin.
-This module must not import tvm.
+TVM is imported, and has device code compiled with `nvcc`, so that the library embeds a real fatbin. Nothing
+happens on import: `wide_tvm.compile`, `wide-bench build` and the tuner call it before they build for CUDA.
+This module imports tvm only inside `cuda_codegen`, after the stand-in is loaded.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+
+from .errors import WideError
 
 _STUB_SYMBOLS = ("cuDeviceGetName", "cuFuncSetAttribute", "cuGetErrorName", "cuGetErrorString",
                  "cuLaunchKernelEx", "cuModuleGetFunction", "cuModuleLoadData", "cuModuleUnload",
@@ -82,3 +85,20 @@ def prepare_cuda_aot() -> bool:
     os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
     _prepared = True
     return True
+
+
+def cuda_codegen() -> None:
+    """Make this process able to build CUDA libraries with embedded device code: the stand-in driver where there
+    is no real one (prepare_cuda_aot), then sm_90 device code compiled for sm_90a (targets.hopper_device_code).
+    Raises WideError where TVM was imported before the stand-in could be loaded (its CUDA codegen would then
+    silently store source instead of device code)."""
+    prepare_cuda_aot()
+    import tvm
+
+    from .targets import hopper_device_code
+
+    if not tvm.runtime.enabled("cuda"):
+        raise WideError("CUDA device code cannot be built in this process: TVM was imported before wide_tvm could "
+                        "load its stand-in CUDA driver; call wide_tvm.cuda_aot.cuda_codegen() (or wide_tvm.compile) "
+                        "before the first `import tvm`")
+    hopper_device_code()

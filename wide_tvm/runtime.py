@@ -12,10 +12,13 @@ import os
 import numpy as np
 
 from .artifact import load_weights, weights_path
+from .cpu_threads import use_physical_cores
 from .errors import WideError
 
 
-def _ensure_cuda_runtime(tvm) -> None:
+def ensure_cuda_runtime(tvm) -> None:
+    """Load TVM's CUDA runtime library where the runtime-only package has not registered it; WideError where no
+    CUDA GPU is visible."""
     if tvm.cuda(0).exist:
         return
     lib = os.path.join(os.path.dirname(tvm.__file__), "lib", "libtvm_runtime_cuda.so")
@@ -32,6 +35,7 @@ class WideModel:
     """Callable compiled model: `model(input_ids)` -> logits, NumPy in / NumPy out (torch in / torch out)."""
 
     def __init__(self, path: str, device: str = "cpu"):
+        use_physical_cores()  # before TVM's CPU thread pool starts
         import tvm
         from tvm.runtime import vm as rvm
 
@@ -44,7 +48,7 @@ class WideModel:
         if self.meta["device"] != device:
             raise WideError(f"{path} was compiled for {self.meta['device']}, not for device {device!r}")
         if device == "cuda":
-            _ensure_cuda_runtime(tvm)
+            ensure_cuda_runtime(tvm)
         self.device = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
         try:
             lib = tvm.runtime.load_module(path)

@@ -12,38 +12,28 @@ import json
 import os
 from dataclasses import replace
 
-from ..cuda_aot import prepare_cuda_aot
+import tvm
+from tvm import relax
 
-prepare_cuda_aot()
-
-import tvm  # noqa: E402
-from tvm import relax  # noqa: E402
-
-from .. import kernel_knobs  # noqa: E402
-from ..compiler import REPO_TUNING_LOGS  # noqa: E402
-from ..kernel_knobs import kernel_key  # noqa: E402
-from ..passes import LowerGatedLayers, wide_pipeline  # noqa: E402
-from ..schedules import gated_kernel, mask_reorder  # noqa: E402
-from ..schedules.code_version import records_of as code_records_of  # noqa: E402
-from ..schedules.launch_bounds import as_built  # noqa: E402
-from ..targets import has_wgmma, launches_dependents, parse_target, target_folder  # noqa: E402
-from ..schedules.gemv import DECODE_BUCKETS, GemvKnobs, decode_knobs, direct_bound, supports  # noqa: E402
-from ..schedules.tile_gemm import DEFAULT_TILES, tile_knob, tile_knobs  # noqa: E402
-from ..schedules.wgmma_gemm import reorder_free_bound  # noqa: E402
-from .workloads import LLAMA_8B, SWEEPS, Workload, swept_variants, variants  # noqa: E402
-
-
-def weight_layout_for(w: Workload, target_kind: str) -> str:
-    """The layout wide-compile stores this workload's weights in: tensor-core tiles on CUDA where they fit."""
-    if target_kind != "cuda":
-        return "nk"
-    return "tc" if supports(w.kind, w.group_size, w.dim, w.dtype) else "nk"
+from ..compiler import REPO_TUNING_LOGS
+from ..cuda_aot import cuda_codegen
+from ..passes import LowerGatedLayers, wide_pipeline
+from ..schedules import gated_kernel, mask_reorder
+from ..schedules.code_version import records_of as code_records_of
+from ..schedules.gemv import DECODE_BUCKETS, GemvKnobs, decode_knobs, direct_bound
+from ..schedules.launch_bounds import as_built
+from ..schedules.tile_gemm import DEFAULT_TILES, tile_knob, tile_knobs
+from ..schedules.wgmma_gemm import reorder_free_bound
+from ..targets import has_wgmma, launches_dependents, parse_target, target_folder
+from ..tuning.database import load as load_knobs
+from .workloads import LLAMA_8B, SWEEPS, Workload, swept_variants, variants
 
 
 def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None, tile=None, wgmma: bool = False):
     """Our kernel for `w`: with `knobs` for every decode bucket, else the tuned entry, else defaults; with
     `tile`, those many-token tile knobs instead of the tuned ones (tuned wgmma picks only where `wgmma`)."""
-    entry = (tuned or {}).get(kernel_key(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype), {})
+    spec = w.spec(target_kind)
+    entry = (tuned or {}).get(spec.key, {})
     extra = {}
     if knobs is not None:
         extra = {"decode_knobs": (knobs,) * len(DECODE_BUCKETS)}
@@ -52,17 +42,18 @@ def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None
     if target_kind == "cuda":
         extra["tile_knobs"] = ((tile_knob(tile),) * len(DEFAULT_TILES) if tile
                                else tile_knobs(entry.get("tiles"), wgmma))
-    return gated_kernel(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype, weight_layout_for(w, target_kind),
-                        target_kind, **extra)
+    return gated_kernel(spec.kind, spec.groups, spec.group_size, spec.dim, spec.dtype, spec.layout, target_kind,
+                        **extra)
 
 
 def built_bounds(w: Workload, target_kind: str, tuned: dict | None, wgmma: bool) -> tuple[int, int]:
     """(direct-kernel bound, reorder-free bound) of w's benchmark kernel from its tuned tile knobs: gemm_k's
     direct bound depends on them, and a gemm_mn whose leading buckets sort their own tokens reads no reorder up
     to the second (wgmma_gemm.reorder_free_bound; 0 for gemm_k). Both 0 off tensor cores."""
-    if target_kind != "cuda" or weight_layout_for(w, target_kind) != "tc":
+    spec = w.spec(target_kind)
+    if target_kind != "cuda" or spec.layout != "tc":
         return 0, 0
-    entry = (tuned or {}).get(kernel_key(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype), {})
+    entry = (tuned or {}).get(spec.key, {})
     tiles = tile_knobs(entry.get("tiles"), wgmma)
     return direct_bound(w.kind, tiles, w.group_size), 0 if w.kind == "gemm_k" else reorder_free_bound(tiles)
 
@@ -127,12 +118,14 @@ def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None =
     the A/B of a kernel edit whose records are not re-stamped yet; bench.json names REV and its code versions."""
     workloads = workloads or LLAMA_8B
     tgt = parse_target(target)
+    if tgt.kind.name == "cuda":
+        cuda_codegen()  # WideError where this process imported TVM before the stand-in driver could load
     if sweep not in (None, *SWEEPS):
         raise ValueError(f"unknown sweep {sweep!r}; one of {', '.join(SWEEPS)}")
     pinned = code_records_of(records_of) if records_of else contextlib.nullcontext()
     with tgt:
         with pinned as versions:  # (a bad REV fails here, before anything is written)
-            tuned = kernel_knobs.load(str(REPO_TUNING_LOGS / target_folder(tgt)))
+            tuned = load_knobs(str(REPO_TUNING_LOGS / target_folder(tgt)))
         os.makedirs(out_dir, exist_ok=True)
         workloads = with_bounds(workloads, tgt.kind.name, tuned, has_wgmma(tgt))
         funcs = our_kernels(workloads, tgt.kind.name, sweep, tuned, has_wgmma(tgt))
@@ -146,6 +139,6 @@ def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None =
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
         json.dump({"target": str(tgt), "workloads": [w.to_json() for w in workloads], "sweep": sweep,
                    "wgmma": has_wgmma(tgt),
-                   "layouts": {w.name: weight_layout_for(w, tgt.kind.name) for w in workloads}}
+                   "layouts": {w.name: w.spec(tgt.kind.name).layout for w in workloads}}
                   | ({"records_of": {"rev": records_of, "code_versions": versions}} if records_of else {}), f, indent=1)
     return out_dir

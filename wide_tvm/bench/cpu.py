@@ -13,7 +13,7 @@ import numpy as np
 from ..kernel_reference import make_mask, ref_mask_reorder
 from .measure import roofline_us
 from ..weight_layout import pack
-from ..tune import KernelSpec, cpu_layout
+from ..kernel_spec import KernelSpec
 from .workloads import Workload
 
 CPU_WORKLOADS = [  # Llama-3.1-8B FFN shapes; fp32 here, cpu_workloads gives the other dtypes (fp32 accumulation)
@@ -141,7 +141,7 @@ def run_cpu(tokens=(1, 16, 64), sparsity: float = 0.5, knobs: dict | None = None
     rng = np.random.default_rng(0)
     rows = []
     for w in workloads:
-        spec = KernelSpec(w.kernel_kind, w.groups, w.group_size, w.dim, w.dtype, cpu_layout(w.kind, w.dim))
+        spec = w.spec("llvm")
         entry = (knobs or {}).get(spec.key, {})
         tile = tiles_from_log(entry["cpu"]) if "cpu" in entry else None
         fn = build_cpu(spec, tile, target)

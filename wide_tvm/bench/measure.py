@@ -187,9 +187,9 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
     import tvm
     from tvm.runtime import vm as rvm
 
-    from ..runtime import _ensure_cuda_runtime
+    from ..runtime import ensure_cuda_runtime
 
-    _ensure_cuda_runtime(tvm)
+    ensure_cuda_runtime(tvm)
     dev = tvm.cuda(0)
     with open(os.path.join(build_dir, "bench.json")) as f:
         spec = json.load(f)
@@ -300,9 +300,9 @@ def sweep(build_dir: str, tokens=SWEEP_TOKENS + PREFILL_SWEEP_TOKENS, sparsity: 
     import torch
     import tvm
 
-    from ..runtime import _ensure_cuda_runtime
+    from ..runtime import ensure_cuda_runtime
 
-    _ensure_cuda_runtime(tvm)
+    ensure_cuda_runtime(tvm)
     with open(os.path.join(build_dir, "bench.json")) as f:
         spec = json.load(f)
     ours = tvm.runtime.load_module(os.path.join(build_dir, "ours.so"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..kernel_spec import KernelSpec
+
 TOKENS = (1, 4, 8, 16, 32, 64, 512, 4096)
 SWEEP_TOKENS = (1, 4, 8, 16, 32, 64)  # token counts the knob sweep times: every DECODE_BUCKETS bucket
 DIRECT_TOKENS = {"gemm_mn": 32, "gemm_k": 64}  # = schedules.gemv.DIRECT_TOKENS
@@ -50,8 +52,12 @@ class Workload:
 
     @property
     def kernel_kind(self) -> str:
-        """The kind kernel_knobs.kernel_key and schedules.gated_kernel name it by: gemm_mn_swiglu, gemm_mn, gemm_k."""
+        """The kind kernel_spec.kernel_key and schedules.gated_kernel name it by: gemm_mn_swiglu, gemm_mn, gemm_k."""
         return "gemm_mn_swiglu" if self.swiglu else self.kind
+
+    def spec(self, target_kind: str) -> KernelSpec:
+        """The kernel wide-compile builds for this shape on `target_kind` (weights exported as [N, K])."""
+        return KernelSpec.planned(self.kernel_kind, self.groups, self.group_size, self.dim, self.dtype, target_kind)
 
     @property
     def kernel(self) -> str:
@@ -121,7 +127,7 @@ TILE_VARIANTS = (("gemv",), (128, 1, 3, 1), (64, 1, 3, 1), (128, 2, 3, 1), (64, 
 WGMMA_VARIANTS = (("wgmma", 128, 4, 4), ("wgmma", 128, 2, 4), ("wgmma", 128, 2, 6), ("wgmma", 64, 4, 5),
                   ("wgmma", 128, 4, 4, 2), ("wgmma", 128, 2, 6, 4), ("wgmma", 64, 4, 5, 4),
                   # warp-specialised: a producer warp per SM sub-partition fills the ring, the warpgroups only wait
-                  # and multiply (1 or 2 producer warps were slower: docs/results/sweep_h200_wgmma_ws12.json)
+                  # and multiply (1 or 2 producer warps were slower: e91c961:docs/results/sweep_h200_wgmma_ws12.json)
                   ("wgmma", 128, 4, 4, 1, 4), ("wgmma", 128, 2, 4, 1, 4), ("wgmma", 128, 2, 6, 1, 4),
                   # ... on a persistent grid of one block per H200 SM (gemm_mn): one ring through all of a block's
                   # tiles, no blocks for tiles past a group's count
@@ -130,7 +136,7 @@ WGMMA_VARIANTS = (("wgmma", 128, 4, 4), ("wgmma", 128, 2, 4), ("wgmma", 128, 2, 
                   # or 8 blocks, 64-channel column blocks
                   ("wgmma", 64, 2, 4, 4), ("wgmma", 64, 1, 6, 4), ("wgmma", 64, 2, 4, 8),
                   # gemm_mn with swapped operands (weight rows wgmma's M, a tile's tokens its N in 8s), so a group's
-                  # active tokens are padded to 8, not 64 (docs/results/sweep_h200_wgmma_swap.json); 1 or 2
+                  # active tokens are padded to 8, not 64 (e91c961:docs/results/sweep_h200_wgmma_swap.json); 1 or 2
                   # warpgroups, small rings of 32-token tiles for 2-3 blocks an SM
                   ("wgmma", 32, 1, 8, 1, 0, 0, 1), ("wgmma", 32, 1, 5, 1, 0, 0, 1), ("wgmma", 48, 1, 8, 1, 0, 0, 1),
                   ("wgmma", 48, 2, 8, 1, 0, 0, 1), ("wgmma", 80, 1, 6, 1, 0, 0, 1), ("wgmma", 80, 2, 8, 1, 0, 0, 1),

@@ -1,0 +1,9 @@
+"""Tuning of the gated kernels' knobs: one MetaSchedule task per kernel and token bucket.
+
+* `space`: the knob spaces as MetaSchedule tasks (templates, categorical decisions, the mutator);
+* `runner`: what MetaSchedule's builder and runner call (the real kernel, valid masks, output checks);
+* `search`: the MetaSchedule runs (wide-tune's engine);
+* `database`: the JSON records and the picks the compiler applies (`load`);
+* `knob_file`: GPU sweep imports (kernel_knobs.json) and the record of tuning runs;
+* `driver`: `wide-tune` itself (a model's kernels from the lowering's plan, or the benchmark's).
+"""

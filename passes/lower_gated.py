@@ -15,11 +15,12 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
+from ..knobs import UNREAD
 from ..errors import WideError
 from ..kernel_spec import KernelSpec, kernel_key, kernel_layout
 from ..schedules import gemm_k, gemm_mn, gemm_mn_reorder_bound, mask_reorder
-from ..schedules.gemv import decode_knobs
-from ..schedules.tile_gemm import DEFAULT_TILES, tile_knobs
+from ..knobs import decode_knobs
+from ..knobs import DEFAULT_TILES, tile_knobs
 from ..weight_layout import TC_CHUNK, TC_ROWS, stored_shape
 from ..schedules.tiles import tiles_from_log
 from ..schedules.root_block import with_root_block
@@ -183,12 +184,6 @@ def _tuned(state: _State, kind: str, groups: int, group_size: int, dim: int, dty
     except (TypeError, ValueError, KeyError) as err:
         raise WideError(f"tuning log entry {key}: unusable knobs ({err}); re-tune it or delete the entry") from None
     return {}
-
-
-# The CUDA gemm_k kernels (every layout, every token count) read the mask themselves: a block lists the groups its
-# tokens run. So a reorder that only gemm_k consumes (a gated projection) never runs: its bound is every count an
-# int32 token index reaches.
-UNREAD = 2**31 - 1
 
 
 def _reorder_bound(state: _State, mn_layout: str | None, mn_knobs: dict | None = None) -> int:

@@ -17,9 +17,10 @@ import subprocess
 
 # The kernel modules each space's kernels are built from: a record timed on other code than today's is stale
 SPACE_SOURCES = {"cpu": ("gemm_mn", "gemm_k", "cpu_gemm", "tiles", "weights", "dispatch"),
-                 "decode": ("gemm_mn", "gemm_k", "gemv", "weights", "dispatch", "warp_ops"),
-                 "tile": ("gemm_mn", "gemm_k", "gemv", "tile_gemm", "wgmma_gemm", "mask_reorder", "token_order",
-                          "weights", "dispatch", "warp_ops")}
+                 "decode": ("gemm_mn", "gemm_k", "gemv", "weights", "dispatch", "warp_ops", "gemv_mn", "gemv_k"),
+                 "tile": ("gemm_mn", "gemm_k", "gemv", "gemv_mn", "gemv_k", "tile_gemm", "wgmma_gemm", "mask_reorder",
+                          "token_order", "weights", "dispatch", "warp_ops", "wgmma_ring", "wgmma_epilogue",
+                          "wgmma_tiles", "wgmma_stream_k", "wgmma_mn", "wgmma_k")}
 
 
 # space -> the code version that counts as today's inside `records_of` (an A/B build against the committed records)

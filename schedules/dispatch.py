@@ -2,6 +2,10 @@
 
 Every gated kernel has variants per token bucket (decode kernels with their own knobs on CUDA, tiles of
 their own size on the CPU); `token_dispatch` chains them into `if n <= bound` branches of one PrimFunc.
+
+Worked example: token_dispatch([(1, a), (8, b), (16, b), (32, c), (None, d)]) gives one macro that runs
+`if n <= 1: a  elif n <= 16: b  elif n <= 32: c  else: d` (the two buckets of body b share one branch), so a call
+with n = 12 tokens launches b and nothing else.
 """
 
 from __future__ import annotations

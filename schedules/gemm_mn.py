@@ -13,11 +13,13 @@ from tvm.script import tirx as T
 
 from ..weight_layout import stored_shape
 from ..kernel_spec import supports_mn
-from .gemv import (DEFAULT_DECODE, PREFILL_KNOBS, TILE_TOKENS, DecodeKnobs, direct_bound, gemv_mn_body,
-                   tensor_core_kernels)
+from .gemv import PREFILL_KNOBS, TILE_TOKENS, tensor_core_kernels
+from .gemv_mn import gemv_mn_body
+from ..knobs import DEFAULT_DECODE, DecodeKnobs, direct_bound
 from . import cpu_gemm
-from .tile_gemm import DEFAULT_TILES, many_token_kernels, tile_mn_body
-from .wgmma_gemm import wgmma_mn_body
+from .tile_gemm import many_token_kernels, tile_mn_body
+from ..knobs import DEFAULT_TILES
+from .wgmma_mn import wgmma_mn_body
 from .tiles import TileConfig, cpu_default_tile, cpu_kernels, tile_config, tile_dims
 from .weights import check_layout, weight_loader
 

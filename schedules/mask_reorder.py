@@ -6,6 +6,10 @@ ascending, then the others, ascending; `used[G]` is the number of used groups. T
 only the weights of `used[:used[G]]`. The block-sparse kernels walk `order` in tiles: a tile entirely
 past `counts[g]` holds no active token and is skipped. Computed on device; no host sort.
 
+Worked example, 4 tokens, G = 3, mask rows [1 0 1], [0 0 1], [1 0 0], [0 0 1] (token t's row: the groups it runs):
+counts = [2, 0, 3]; order = [[0, 2, 1, 3], [0, 1, 2, 3], [0, 1, 3, 2]] (group 0's active tokens 0 and 2 first, then
+the inactive 1 and 3, each part ascending); used = [0, 2, 1, 2] (groups 0 and 2 are used, then group 1; 2 used).
+
 CUDA: up to SERIAL_TOKENS tokens, one block whose thread g reads its group's mask column as a bit set
 and places every token from popcounts (independent loads, no serial chain; one launch), then builds
 the used-group list; more tokens, one launch with a block per group: 16 independent loads a thread,

@@ -19,115 +19,21 @@ element is written by exactly one thread, so results are deterministic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from math import gcd
 
 from tvm.script import tirx as T
 
+from ..knobs import TILE_BUCKETS, TileKnobs, check_tile_knobs
 from .gemv import CHUNK, ROWS, a_fragment, bit_words, token_runs, used_groups
 
 WARPS = 8  # warps per block: WR along the channels x WT along the tokens
 THREADS = 32 * WARPS
 
 
-@dataclass(frozen=True)
-class TileKnobs:
-    tokens: int = 128  # tokens per block tile (a multiple of 64)
-    rows: int = 1  # 16-channel row tiles per warp: each activation fragment read from shared memory feeds this many
-    stages: int = 3  # cp.async ring depth of the activation tiles (>= 2)
-    prefetch: int = 1  # weight chunks loaded into registers ahead of their mma (>= 1)
-    # "smem": this module's shared-memory tile GEMM; "gemv": the direct kernels' layout over sorted 64-token tiles
-    # (schedules/gemv.py: warps split K, no shared-memory staging), faster for a few hundred tokens or fewer;
-    # "wgmma": the Hopper warpgroup GEMMs of schedules/wgmma_gemm.py (sm_90a; rows: the wgmma N in 64s; no prefetch)
-    kernel: str = "smem"
-    ksplit: int = 1  # wgmma gemm_k: blocks splitting the listed K steps, their fp32 partials summed in a fixed order
-    # wgmma: warps of a producer that alone issues the ring's copies and hands stages over through mbarriers
-    # (warp specialisation); 0: every thread copies, and one block-wide barrier per K step
-    producer: int = 0
-    # wgmma gemm_mn with producer warps: blocks of a persistent grid that walk the existing tiles (0: a block per
-    # tile, including the tiles past a group's count, which only write zeros); wgmma gemm_k (every thread copying):
-    # blocks of a persistent grid that run the whole waves of tiles, then share the rest's K steps out (stream-K)
-    persistent: int = 0
-    # wgmma gemm_mn: swap the operands (1): the weight rows are wgmma's M (64 a warpgroup, `rows` warpgroups) and
-    # the block's `tokens` its N, any multiple of 8, so a group's few active tokens are not padded to 64
-    swap: int = 0
-    # wgmma gemm_mn: the weights' cp.async asks L2 to prefetch this many bytes around each 16-byte copy (0, or one of
-    # L2_PREFETCH: PTX's .L2::64B/128B/256B), so a memory-bound tile's DRAM requests are fewer and larger
-    l2: int = 0
-    # wgmma gemm_mn on the per-tile grid, past SORT_TOKENS: when the tiles past the last whole wave of blocks fill
-    # at most half a wave, each of them is split in K over up to this many blocks (extra blocks past the grid's
-    # tiles), their fp32 partials summed by a second launch; 0: those tiles run whole, a wave of their own
-    tail: int = 0
-    # wgmma gemm_k on the per-tile grid, groups of up to 8: the tiles are of tokens ordered by mask pattern
-    # (schedules/token_order.py, two launches in front), so a tile's tokens share the groups they skip (1); 0: in order
-    order: int = 0
-    # wgmma gemm_mn on the per-tile grid, unswapped: a warpgroup whose 64 rows are all past the group's active count
-    # (a group's last tile) runs its K loop without wgmmas (1); the copies, barriers and wgmma groups stay as they
-    # are. 0: every warpgroup multiplies every step. (gemm_k has no such knob: a K step's group is run by some rows
-    # of a tile and not others, so its skip would sit inside the K loop, where ptxas serialises every wgmma.)
-    mma_skip: int = 0
-
-    def name(self) -> str:
-        if self.kernel == "gemv":
-            return "gemv64"
-        if self.kernel == "wgmma":
-            return (f"wg{self.tokens}n{64 * self.rows}s{self.stages}" + (f"k{self.ksplit}" if self.ksplit > 1 else "")
-                    + (f"p{self.producer}" if self.producer else "") + (f"x{self.persistent}" if self.persistent else "")
-                    + ("t" if self.swap else "") + (f"l{self.l2}" if self.l2 else "")
-                    + (f"w{self.tail}" if self.tail else "") + ("o" if self.order else "")
-                    + ("m" if self.mma_skip else ""))
-        return f"t{self.tokens}r{self.rows}s{self.stages}p{self.prefetch}"
-
-
-GEMV_TILES = TileKnobs(kernel="gemv")
-# token tiles of the wgmma GEMMs: a warpgroup per 64 (3 would not split the weight copies evenly; 4 would need
-# 4 x 128 threads x 128 accumulator registers, the whole register file)
-WGMMA_TOKENS = (64, 128)
-WGMMA_PRODUCERS = (0, 1, 2, 4)  # producer warps: they must split a 64-row tile's 16-byte copies evenly
-SWAP_TOKENS = range(8, 257, 8)  # token tiles of the swapped wgmma gemm_mn: wgmma N
-TAIL_SHARES = (2, 4, 8, 16)  # most blocks a last-wave gemm_mn tile's K is split over (knob tail)
-L2_PREFETCH = (64, 128, 256)  # L2 prefetch sizes a cp.async may ask for (bytes)
-# Token counts past the direct kernels are split into buckets (<= 128, <= 512, more), each with its kernel and knobs
-TILE_BUCKETS = (128, 512)
-DEFAULT_TILES = (GEMV_TILES, TileKnobs(), TileKnobs())
-
-
-def tile_knob(entry) -> TileKnobs:
-    """One bucket's knobs from a log or sweep entry: [tokens, rows, stages, prefetch], ["gemv"], or
-    ["wgmma", tokens, rows, stages(, ksplit(, producer warps(, persistent blocks(, swap(, L2 prefetch bytes(, tail
-    shares(, pattern order(, MMA skip))))))))]."""
-    entry = list(entry)
-    if entry == ["gemv"]:
-        return GEMV_TILES
-    if entry and entry[0] == "wgmma":
-        if len(entry) not in range(4, 13):
-            raise ValueError(f"wgmma tile knobs {entry}: expected ['wgmma', tokens, rows (N / 64), stages(, ksplit"
-                             "(, producer warps(, persistent blocks(, swap(, L2 prefetch bytes(, tail shares(, pattern "
-                             "order(, MMA skip))))))))]")
-        knobs = TileKnobs(tokens=entry[1], rows=entry[2], stages=entry[3], kernel="wgmma",
-                          ksplit=entry[4] if len(entry) > 4 else 1, producer=entry[5] if len(entry) > 5 else 0,
-                          persistent=entry[6] if len(entry) > 6 else 0, swap=entry[7] if len(entry) > 7 else 0,
-                          l2=entry[8] if len(entry) > 8 else 0, tail=entry[9] if len(entry) > 9 else 0,
-                          order=entry[10] if len(entry) > 10 else 0, mma_skip=entry[11] if len(entry) > 11 else 0)
-    else:
-        knobs = TileKnobs(*entry)
-    check_tile_knobs(knobs)
-    return knobs
-
-
-def tile_knobs(entry, wgmma: bool = True) -> tuple:
-    """Knobs per TILE_BUCKETS bucket (and the last, unbounded one) from a tuning log's list of tile_knob entries
-    (the defaults when absent, and for buckets given as None). Without `wgmma` (a target other than sm_90a) a
-    wgmma pick becomes the mma.sync tile GEMM's default."""
-    knobs = (tuple(DEFAULT_TILES[min(i, len(DEFAULT_TILES) - 1)] if e is None else tile_knob(e)
-                   for i, e in enumerate(entry)) if entry else DEFAULT_TILES)
-    return knobs if wgmma else tuple(TileKnobs() if k.kernel == "wgmma" else k for k in knobs)
-
-
 def many_token_kernels(knobs: tuple, gemv_tiles, make_tiles, make_wgmma) -> list:
     """[(bound, body), ..., (None, body)] for the token buckets past the direct kernels: gemv_tiles() builds the
     sorted 64-token gemv body, make_tiles(TileKnobs) the mma.sync tile GEMM body, make_wgmma(TileKnobs) the
-    wgmma one (schedules/wgmma_gemm.py); equal knobs share one body."""
+    wgmma one (schedules/wgmma_mn.py, wgmma_k.py); equal knobs share one body."""
     make = {"gemv": lambda _: gemv_tiles(), "smem": make_tiles, "wgmma": make_wgmma}
     if len(knobs) != len(TILE_BUCKETS) + 1:
         raise ValueError(f"tile knobs for {len(knobs)} token buckets; there are {len(TILE_BUCKETS) + 1} "
@@ -137,47 +43,6 @@ def many_token_kernels(knobs: tuple, gemv_tiles, make_tiles, make_wgmma) -> list
         if k not in bodies:
             bodies[k] = make[k.kernel](k)
     return [(bound, bodies[k]) for bound, k in zip(TILE_BUCKETS + (None,), knobs)]
-
-
-def check_tile_knobs(knobs: TileKnobs) -> None:
-    """ValueError unless `knobs` describe a tile GEMM this module (or schedules/wgmma_gemm.py) can build."""
-    if knobs.kernel == "wgmma" and knobs.l2 and knobs.l2 not in L2_PREFETCH:
-        raise ValueError(f"wgmma tile knobs {knobs}: an L2 prefetch is one of {L2_PREFETCH} bytes (or 0, none)")
-    if knobs.kernel == "wgmma" and knobs.tail and (knobs.tail not in TAIL_SHARES or knobs.swap or knobs.ksplit != 1
-                                                   or knobs.persistent):
-        raise ValueError(f"wgmma tile knobs {knobs}: a split tail wave ({knobs.tail} shares a tile) is one of "
-                         f"{TAIL_SHARES} shares, on the per-tile grid of an unswapped gemm_mn that does not split K")
-    if knobs.kernel == "wgmma" and knobs.order and (knobs.order != 1 or knobs.swap or knobs.producer
-                                                    or knobs.persistent or knobs.tail):
-        raise ValueError(f"wgmma tile knobs {knobs}: tokens ordered by mask pattern (order 1) only on the per-tile "
-                         "grid of a gemm_k without producer warps")
-    if knobs.kernel == "wgmma" and knobs.mma_skip and (knobs.mma_skip != 1 or knobs.swap or knobs.persistent):
-        raise ValueError(f"wgmma tile knobs {knobs}: a warpgroup skips its wgmmas (MMA skip 1) only on the per-tile "
-                         "grid of an unswapped GEMM (a swapped tile's warpgroups are weight rows)")
-    if knobs.kernel == "wgmma" and knobs.swap:
-        # (4 warpgroups: TVM's shared-memory sync planner refuses the kernel, "cannot insert syncs inside condition")
-        if (knobs.tokens not in SWAP_TOKENS or knobs.stages < 3 or not 1 <= knobs.rows <= 2 or knobs.ksplit < 1
-                or knobs.producer or knobs.persistent or knobs.swap != 1):
-            raise ValueError(f"swapped wgmma tile knobs {knobs}: tokens a multiple of 8 up to 256 (wgmma N), rows "
-                             "1..2 (warpgroups of 64 weight rows), stages >= 3, ksplit >= 1, no producer warps, no "
-                             "persistent grid")
-        return
-    if knobs.kernel == "wgmma":
-        if (knobs.tokens not in WGMMA_TOKENS or knobs.stages < 3 or not 1 <= knobs.rows <= 4 or knobs.ksplit < 1
-                or knobs.producer not in WGMMA_PRODUCERS or knobs.persistent < 0
-                or (knobs.persistent == 1)):
-            raise ValueError(f"wgmma tile knobs {knobs}: tokens must be one of {WGMMA_TOKENS} (a warpgroup per "
-                             "64 tokens), rows 1..4 (wgmma N = 64 rows), stages >= 3, ksplit >= 1, producer "
-                             f"warps one of {WGMMA_PRODUCERS}, and a persistent grid of 0 or at least 2 blocks")
-        return
-    if (knobs.ksplit != 1 or knobs.producer or knobs.persistent or knobs.swap or knobs.l2 or knobs.tail or knobs.order
-            or knobs.mma_skip):
-        raise ValueError(f"tile knobs {knobs}: only the wgmma GEMMs split K over blocks, have producer warps, "
-                         "a persistent grid, swapped operands, an L2 prefetch size, a split tail wave, a pattern "
-                         "order or warpgroups that skip their wgmmas")
-    if knobs.kernel != "smem" or knobs.tokens % 64 or knobs.rows < 1 or knobs.stages < 2 or knobs.prefetch < 1:
-        raise ValueError(f"tile knobs {knobs}: tokens must be a multiple of 64, rows >= 1, stages >= 2, "
-                         "prefetch >= 1, kernel 'smem' (or 'gemv', which has no tile GEMM)")
 
 
 def _warp_grid(row_tiles: int, knobs: TileKnobs) -> tuple[int, int, int]:

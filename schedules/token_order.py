@@ -17,6 +17,10 @@ A stable counting sort over the 2^G patterns in two launches of a block per THRE
    share before its own, and every thread writes its token's place in the order into perm and its mask row there
    into smask.
 
+Worked example, G = 2 groups, 6 tokens with mask rows 10, 00, 11, 10, 01, 00 (patterns in Gray-code rank order 00,
+01, 11, 10): the counts are 2, 1, 1, 2, so the patterns start at places 0, 2, 3, 4, and perm = [1, 5, 4, 2, 0, 3]
+(the 00 tokens 1 and 5, then 01's token 4, 11's token 2, 10's tokens 0 and 3, each pattern's tokens in order).
+
 A token's place is (its pattern's first place) + (tokens of the pattern in earlier blocks) + (in earlier warps of its
 block) + (in lower lanes of its warp): stable, and no atomics decide it. The first form of this sort ran in one
 block (all tokens through one SM: 12.5 us of O's 193 at 4096 tokens on an H100, docs/performance.md, thirteenth
@@ -27,33 +31,13 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
+from ..knobs import MAX_GROUPS, order_groups_ok
 from .warp_ops import ballot, block_scan, lanes_below, popc
 
 THREADS = 256  # threads of a sorting block, a token each
 WARPS = THREADS // 32
 HIST_UNROLL = 8  # hist rows a thread loads at once when it sums a column (loads in flight, not one after another)
-MAX_GROUPS = 8  # patterns of at most this many groups: a thread per pattern (2^G <= THREADS), per-warp counts in shared
 assert 1 << MAX_GROUPS <= THREADS
-
-
-def order_groups_ok(groups: int) -> bool:
-    """Whether tokens of `groups` groups can be ordered by pattern (2^G buckets)."""
-    return 1 <= groups <= MAX_GROUPS
-
-
-def host_order(mask):
-    """NumPy model of pattern_order's perm for a mask [n, G] (the same key, stable): for tests and estimates."""
-    import numpy as np
-
-    mask = np.asarray(mask) != 0
-    if not order_groups_ok(mask.shape[1]):
-        raise ValueError(f"tokens of {mask.shape[1]} groups cannot be ordered by mask pattern (1 .. {MAX_GROUPS} groups)")
-    key = (mask * (1 << np.arange(mask.shape[1] - 1, -1, -1))).sum(1)
-    shift = 1
-    while shift < mask.shape[1]:  # inverse Gray code, as the kernel's
-        key = key ^ (key >> shift)
-        shift *= 2
-    return np.argsort(key, kind="stable")
 
 
 def sort_blocks(n):

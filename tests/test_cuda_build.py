@@ -75,8 +75,8 @@ def test_dependent_launch_waits_first_in_every_kernel(tmp_path):
     """Every kernel of a gated PrimFunc launched as a programmatic dependent waits for the kernel before it ahead
     of any other statement: the decode kernels with their split sum, the wgmma tiles with theirs, the reorder."""
     from wide_tvm.schedules.dependent_launch import LAUNCH_PARAMS, PDL, dependent_launch
-    from wide_tvm.schedules.gemv import GemvKnobs
-    from wide_tvm.schedules.tile_gemm import tile_knob
+    from wide_tvm.knobs import GemvKnobs
+    from wide_tvm.knobs import tile_knob
     from wide_tvm.targets import launches_dependents, parse_target
 
     assert [launches_dependents(parse_target(t)) for t in ("cuda", "cuda:sm_80", "cuda:sm_100", "llvm")] == \
@@ -103,9 +103,9 @@ def test_wgmma_kernels_are_built_for_one_block_per_sm():
     `__launch_bounds__(threads, 1)` (ptxas's register budget then no longer follows the kernel's parameter order,
     schedules/launch_bounds.py), and every kernel still waits first as a programmatic dependent."""
 
-    from wide_tvm.schedules.gemv import GemvKnobs
+    from wide_tvm.knobs import GemvKnobs
     from wide_tvm.schedules.launch_bounds import as_built, one_block_per_sm
-    from wide_tvm.schedules.tile_gemm import tile_knob
+    from wide_tvm.knobs import tile_knob
     from wide_tvm.targets import parse_target
 
     split = (GemvKnobs(8, 2, 2, 0, 1, 4),) + (GemvKnobs(),) * 4
@@ -134,7 +134,7 @@ def test_decode_kernels_use_tensor_cores_and_dispatch_on_tokens():
     host: direct kernels that read the mask for 1, <= 8, <= 16, <= 32 (and, gemm_k, <= 64) tokens, each with its
     own tuned knobs, then (by default) sorted 64-token tiles up to 128 tokens and the tile GEMM past that; they
     load 16-byte vectors into registers."""
-    from wide_tvm.schedules.gemv import DECODE_BUCKETS, DIRECT_TOKENS
+    from wide_tvm.knobs import DECODE_BUCKETS, DIRECT_TOKENS
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     for name, func in {"gemm_mn": gemm_mn(8, 64, 256, "float16", "tc", True, "cuda"),
@@ -150,11 +150,13 @@ def test_decode_kernels_use_tensor_cores_and_dispatch_on_tokens():
         assert "__syncthreads()" in src, name  # fixed-order split-K reduction through shared memory
 
 
+@pytest.mark.slow
 def test_decode_knobs_cp_async_ring_and_row_tiles():
     """The `stages` knob streams decode weights through a cp.async ring; rings that would overflow static shared
     memory shrink (stages, then unroll, then warps) instead of failing to build. Row tiles per block
     (`row_warps`) and blocks splitting K (`ksplit`) build with and without the ring."""
-    from wide_tvm.schedules.gemv import SMEM_BYTES, GemvKnobs, _fit_ring
+    from wide_tvm.schedules.gemv import SMEM_BYTES, _fit_ring
+    from wide_tvm.knobs import GemvKnobs
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     kn = (GemvKnobs(8, 2, 1, 3), GemvKnobs(8, 2, 2, 4), GemvKnobs(4, 4, 1, 4), GemvKnobs(8, 1, 1, 2, 4, 2),
@@ -176,15 +178,20 @@ def test_decode_knobs_cp_async_ring_and_row_tiles():
     assert warps * stages * unroll * 4 * 512 + warps * 1024 <= SMEM_BYTES and stages >= 2
 
 
-def test_tile_kernels_build_for_every_knob():
+TILE_SETS = ((128, 1, 3, 1), (64, 2, 2, 2), (128, 2, 4, 1))
+
+
+@pytest.mark.parametrize("which", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
+def test_tile_kernels_build_for_every_knob(which):
     """The many-token tile kernels build for every knob and warp layout: one row tile per group (all 8 warps
     along the tokens), several blocks per group (group 512), gemm_k's row tiles; the activation copies carry a
     src-size operand (rows that skip the group are zero-filled, not read). Bad knobs are refused by name."""
-    from wide_tvm.schedules.tile_gemm import GEMV_TILES, TileKnobs, _warp_grid
+    from wide_tvm.schedules.tile_gemm import _warp_grid
+    from wide_tvm.knobs import GEMV_TILES, TileKnobs
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     funcs = {}
-    for i, one in enumerate((TileKnobs(), TileKnobs(64, 2, 2, 2), TileKnobs(128, 2, 4, 1))):
+    for i, one in [(which, TileKnobs(*TILE_SETS[which]))]:
         kn = (one,) * 3
         funcs[f"mn{i}"] = gemm_mn(4, 16, 96, "float16", "tc", True, "cuda", tile_knobs=kn)
         funcs[f"q{i}"] = gemm_mn(2, 512, 64, "float16", "tc", False, "cuda", tile_knobs=kn)
@@ -224,11 +231,12 @@ def test_decode_kernels_are_only_for_fp16_tiles():
             bad()
 
 
-def test_bench_build_for_cuda(tmp_path, monkeypatch):
-    """wide-bench build: our kernels (and the many-token knob candidates: `--sweep tiles`, the cheaper of the two
-    sweeps to build) plus TVM's dense baseline, as device code. The sweep here is cut to a few candidates of each
-    kind (the full lists cost 5 minutes of CI): tests/test_wgmma.py and test_tile_kernels_build_for_every_knob build
-    every candidate."""
+@pytest.mark.parametrize("sweep", [None, pytest.param("tiles", marks=pytest.mark.slow)])
+def test_bench_build_for_cuda(tmp_path, monkeypatch, sweep):
+    """wide-bench build: our kernels (with `sweep`, the many-token knob candidates too: `--sweep tiles`, the cheaper
+    of the two sweeps to build) plus TVM's dense baseline, as device code. The sweep here is cut to a few candidates of
+    each kind (the full lists cost 5 minutes of CI): tests/test_wgmma.py and test_tile_kernels_build_for_every_knob
+    build every candidate."""
     import json
 
     from wide_tvm.bench import workloads
@@ -245,11 +253,11 @@ def test_bench_build_for_cuda(tmp_path, monkeypatch):
     assert swept == ["bench_k_gemv64", "bench_k_t128r1s3p1", "bench_k_wg64n64s4", "bench_mn_gemv64",
                      "bench_mn_t128r1s3p1", "bench_mn_wg128n256s4", "bench_mn_wg32n64s8t", "bench_mn_wg64n128s4k4",
                      "bench_mn_wg64n64s4"], swept
-    build(str(tmp_path), "cuda", small, sweep="tiles")
+    build(str(tmp_path), "cuda", small, sweep=sweep)
     _assert_device_code(tmp_path / "ours.so")
     _assert_device_code(tmp_path / "tvm_dense.so")
     spec = json.loads((tmp_path / "bench.json").read_text())
-    assert [w["name"] for w in spec["workloads"]] == ["mn", "k"] and spec["sweep"] == "tiles"
+    assert [w["name"] for w in spec["workloads"]] == ["mn", "k"] and spec["sweep"] == sweep
     assert spec["wgmma"]  # cuda (sm_90): the wgmma candidates above are built
     assert spec["layouts"] == {"mn": "tc", "k": "tc"}  # the benchmark feeds tensor-core tiles, as wide-compile stores
     assert [w["direct"] for w in spec["workloads"]] == [32, 64]  # the reorder bounds the GPU host reads (untuned)
@@ -263,8 +271,8 @@ def test_bench_workloads_carry_their_kernels_direct_bound():
     that sort their tokens themselves."""
     from wide_tvm import kernel_spec
     from wide_tvm.bench.build import our_kernels, with_bounds
-    from wide_tvm.bench.workloads import UNREAD, Workload
-    from wide_tvm.passes import lower_gated
+    from wide_tvm.bench.workloads import Workload
+    from wide_tvm.knobs import UNREAD
 
     k = Workload("k", "gemm_k", 4, 64, 256)
     tuned = {kernel_spec.kernel_key("gemm_k", 4, 64, 256, "float16"): {"tiles": [["wgmma", 128, 1, 4]] * 3}}
@@ -274,7 +282,6 @@ def test_bench_workloads_carry_their_kernels_direct_bound():
     tuned[kernel_spec.kernel_key("gemm_k", 8, 32, 256, "float16")] = {"tiles": [["wgmma", 128, 1, 4]] * 3}
     assert with_bounds([half], "cuda", tuned, True)[0].direct_tokens == 32
     assert with_bounds([k], "cuda", tuned, False)[0].direct_tokens == 64  # no wgmma: the mma.sync tiles
-    assert UNREAD == lower_gated.UNREAD
     funcs = our_kernels([bounded, Workload("mn", "gemm_mn", 4, 64, 256)], "cuda", None, tuned, True)
     assert "bench_reorder_g4_unread" in funcs and "bench_reorder_g4_d32" in funcs
     assert f"n <= T.int64({UNREAD})" in funcs["bench_reorder_g4_unread"].script()

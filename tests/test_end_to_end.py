@@ -27,8 +27,10 @@ def _compile_and_load(path, tmp_path, **kw):
     return compiled, wide_tvm.load(lib), lib
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
-@pytest.mark.parametrize("cfg_name", ["default", "groups_1_16", "partial"])
+@pytest.mark.parametrize("cfg_name,fmt", [("default", "onnx"), ("groups_1_16", "pt2"), ("partial", "onnx"),
+                                          pytest.param("default", "pt2", marks=pytest.mark.slow),
+                                          pytest.param("groups_1_16", "onnx", marks=pytest.mark.slow),
+                                          pytest.param("partial", "pt2", marks=pytest.mark.slow)])
 def test_matches_pytorch(exported, tmp_path, fmt, cfg_name):
     path, model, cfg = exported(cfg_name, fmt)
     compiled, runner, _ = _compile_and_load(path, tmp_path)
@@ -128,6 +130,7 @@ def test_runtime_only_load(exported, tmp_path):
     assert np.abs(np.load(tmp_path / "y.npy") - ref).max() / np.abs(ref).max() < 1e-5
 
 
+@pytest.mark.slow
 def test_cpu_down_weights_are_stored_in_panels(exported, tmp_path):
     """On the CPU gemm_k reads W^T [K, N] in panels of 16 columns ("kp": a group's slice of a panel is contiguous):
     the compiler repacks the stored array once; CUDA keeps fp32 weights as [N, K] rows for its SIMT kernels (fp16
@@ -150,8 +153,9 @@ def test_cpu_down_weights_are_stored_in_panels(exported, tmp_path):
     assert np.abs(runner(x.numpy()) - ref).max() / np.abs(ref).max() < 1e-5
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
-@pytest.mark.parametrize("dtype,tol", [("float16", 5e-3), ("bfloat16", 3e-2)])
+@pytest.mark.parametrize("dtype,tol,fmt", [("float16", 5e-3, "onnx"), ("bfloat16", 3e-2, "pt2"),
+                                           pytest.param("float16", 5e-3, "pt2", marks=pytest.mark.slow),
+                                           pytest.param("bfloat16", 3e-2, "onnx", marks=pytest.mark.slow)])
 def test_fp16_and_bf16_models_match_pytorch_in_their_dtype(tmp_path, fmt, dtype, tol):
     """A WIDE model in fp16 / bf16 (as trained checkpoints ship), through ONNX and torch.export: its gated layers
     lowered to the fp16 / bf16 CPU kernels (fp32 accumulation), the output within the dtype's rounding of the same

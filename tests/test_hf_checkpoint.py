@@ -70,8 +70,7 @@ def test_conversion_matches_transformers(checkpoints, kind, with_lora):
     assert with_lora == (not torch.allclose(plain, theirs, atol=1e-4))  # the LoRA really changed the model
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kind,fmt", [("llama", "onnx"), ("qwen3", "pt2")])
+@pytest.mark.parametrize("kind,fmt", [("llama", "onnx"), pytest.param("qwen3", "pt2", marks=pytest.mark.slow)])
 def test_compiled_matches_pytorch_with_masks(checkpoints, tmp_path, kind, fmt):
     folder = checkpoints[kind]
     ckpt = load_wide_checkpoint(str(folder), str(folder / "router.pth"), str(folder / "lora.pth"),

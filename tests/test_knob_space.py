@@ -30,8 +30,8 @@ def _args_info(mod: tvm.IRModule) -> list:
     return [a.as_json() for a in ms.arg_info.ArgInfo.from_prim_func(mod["main"])]
 
 
-@pytest.mark.parametrize("kind,layout,bucket", [("gemm_mn_swiglu", "nk", 1), ("gemm_k", "kn", 2),
-                                                ("gemm_mn_swiglu", "nk", 0)])
+@pytest.mark.parametrize("kind,layout,bucket", [pytest.param("gemm_mn_swiglu", "nk", 1, marks=pytest.mark.slow),
+                                                ("gemm_k", "kn", 2), ("gemm_mn_swiglu", "nk", 0)])
 def test_every_cpu_candidate_builds_from_the_template_and_computes_the_kernel(kind, layout, bucket):
     """What MetaSchedule measures is the real kernel: each point of a CPU task's space, built by the builder
     function from the annotated template and run on the runner's inputs (a valid mask and its reorder), matches
@@ -228,12 +228,13 @@ def test_incumbent_is_what_the_kernel_runs_without_the_database():
     assert wg.choices()["variant"][ks.incumbent(wg, pick)["variant"]] == ("wgmma", 128, 4, 4, 1, 4)
 
 
+@pytest.mark.slow
 def test_direct_kernel_knobs_fitted_to_the_same_kernel_are_one_point():
     """The decode space samples warps, unroll, rows, stages, row_warps and ksplit on their own; knob sets the
     kernel fits to the same plan (gemv.mn_plan / k_plan) share a key, so a measured plan is not proposed again,
     and the plan is what the kernel builds (same TIR)."""
     from wide_tvm.schedules import gated_kernel
-    from wide_tvm.schedules.gemv import DECODE_BUCKETS, GemvKnobs
+    from wide_tvm.knobs import DECODE_BUCKETS, GemvKnobs
 
     task = ks.KnobTask("gemm_mn_swiglu", 8, 32, 1024, "float16", "tc", "decode", 3)  # 32 tokens: unroll fits to 2
     idx = {name: {v: i for i, v in enumerate(c)} for name, c in task.choices().items()}
@@ -295,7 +296,7 @@ def test_first_form_decode_records_are_read_and_pruned(tmp_path):
     from wide_tvm.bench.workloads import K_VARIANTS
     from wide_tvm.cli import tune_main
     from wide_tvm.tuning.database import best_records, prune, summary
-    from wide_tvm.schedules.gemv import GemvKnobs
+    from wide_tvm.knobs import GemvKnobs
 
     db = open_database(str(tmp_path))
     task = ks.KnobTask("gemm_k", 112, 128, 4096, "float16", "tc", "decode", 0)
@@ -398,6 +399,7 @@ def test_knob_sets_of_one_plan_become_one_module_for_the_search():
         assert ks.decode_plan(task, {n: getattr(plan, n) for n in task.choices()}) == plan
 
 
+@pytest.mark.slow
 def test_the_search_proposes_each_plan_once():
     """MetaSchedule's evolutionary search over a direct-kernel task (search only: candidates are reported back as
     timed without running) proposes 32 distinct plans in two batches; before the postprocessor rewrote knobs as
@@ -439,6 +441,7 @@ def test_records_keep_their_meaning_when_a_candidate_list_changes(tmp_path, monk
     assert database.load(str(tmp_path))[task.key]["cpu"] == [None, None, {"bm": 2, "bn": 64}]
 
 
+@pytest.mark.slow
 def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path, monkeypatch):
     """tools/restamp_records.py: the kernel hashes it compares are the same for the same code and differ between
     knob values; `--jobs` splits the records by task (task_chunks); `--only` builds only the records of the tasks

@@ -85,7 +85,7 @@ class _HeadShuffle(nn.Module):
         return q.reshape(*x.shape[:-1], -1)
 
 
-@pytest.mark.parametrize("within", [True, False])
+@pytest.mark.parametrize("within", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_head_reordering_decides_and_results_match(tmp_path, within):
     """Query heads reordered inside their groups still feed only their own group: lowered. Groups rolled feed
     another group's output: not lowered (a skipped group would zero heads another group reads). Either way the

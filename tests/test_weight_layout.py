@@ -81,6 +81,7 @@ def test_relax_inverse_restores_the_source_layout(src, have):
     np.testing.assert_array_equal(got, w_nk if src == "nk" else w_nk.T)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_fp16_model_stores_tensor_core_tiles_for_cuda(tmp_path):
     """fp16 gate/up/down weights are repacked into tiles once, at compile time; fp32 ones stay [N, K]."""

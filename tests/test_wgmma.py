@@ -18,9 +18,9 @@ import tvm  # noqa: E402
 
 from wide_tvm.errors import WideError  # noqa: E402
 from wide_tvm.schedules import gemm_k, gemm_mn  # noqa: E402
-from wide_tvm.schedules.tile_gemm import DEFAULT_TILES, GEMV_TILES, TileKnobs, tile_knob, tile_knobs  # noqa: E402
-from wide_tvm.schedules.wgmma_gemm import (WGMMA_TILES, check_wgmma_shape, ring_bytes, ring_layout,  # noqa: E402
-                                           wgmma_n)
+from wide_tvm.knobs import DEFAULT_TILES, GEMV_TILES, TileKnobs, tile_knob, tile_knobs  # noqa: E402
+from wide_tvm.knobs import WGMMA_TILES, check_wgmma_shape, wgmma_n  # noqa: E402
+from wide_tvm.schedules.wgmma_ring import ring_bytes, ring_layout  # noqa: E402
 from wide_tvm.targets import has_wgmma, parse_target, target_folder  # noqa: E402
 
 
@@ -135,7 +135,8 @@ def test_gemm_k_split_follows_the_token_count():
     split; the kernel computes the same count at run time as the Python rule."""
     from tvm import sym
 
-    from wide_tvm.schedules.wgmma_gemm import MAX_KSPLIT, MIN_SPLIT_STEPS, gemm_k_splits
+    from wide_tvm.schedules.wgmma_gemm import MAX_KSPLIT, MIN_SPLIT_STEPS
+    from wide_tvm.schedules.wgmma_stream_k import gemm_k_splits
 
     down_512 = tile_knob(["wgmma", 128, 4, 4, 2])  # 192 KB ring: one block an SM; 16 column blocks of 256
     assert [gemm_k_splits(t, 16, 224, down_512) for t in (1, 2, 3, 4, 8, 32)] == [MAX_KSPLIT, 4, 2, 2, 2, 2]
@@ -157,12 +158,12 @@ def test_gemm_k_split_follows_the_token_count():
 
 
 def test_stream_k_shares_every_tiles_steps_out_once():
-    """gemm_k's persistent grid (wgmma_gemm._stream_k_body): the whole waves' tiles b, b + P, ... and the shares of
+    """gemm_k's persistent grid (wgmma_stream_k.stream_k_body): the whole waves' tiles b, b + P, ... and the shares of
     the rest's K steps cover every tile's steps once; a block runs all of a tile or writes one partial slot (0: its
     first tile of the rest, begun before it; 1: its last), no two tiles share a block's slot, and the block owning a
     shared tile's first step finds exactly the blocks with a non-empty part of it, in order (the sum launch's walk).
     Shares are whole quarter tiles up to half a tile, else whole tiles."""
-    from wide_tvm.schedules.wgmma_gemm import STREAM_K_OFFSETS, stream_k_owner, stream_k_share, stream_k_start
+    from wide_tvm.schedules.wgmma_stream_k import STREAM_K_OFFSETS, stream_k_owner, stream_k_share, stream_k_start
 
     assert [stream_k_share(r * 224, 132, 224) for r in (1, 12, 33, 60, 66, 67, 80, 131)] == [56] * 3 + [112] * 2 + [
         224] * 3
@@ -205,7 +206,7 @@ def test_stream_k_shares_every_tiles_steps_out_once():
 
 
 def test_stream_k_splits_a_rest_of_more_than_half_a_wave_in_aligned_parts():
-    """A rest of R > P / 2 tiles (wgmma_gemm.stream_k_parts): s aligned parts a tile where that takes fewer waves of
+    """A rest of R > P / 2 tiles (wgmma_stream_k.stream_k_parts): s aligned parts a tile where that takes fewer waves of
     a segment's time than whole tiles and each part keeps STREAM_K_PART_STEPS K steps (down's 224 steps, R = 80: 3
     parts, 2 / 3 of a tile; O's 64 steps: never), at most STREAM_K_SLOTS partial slots a block; block b's segments b,
     b + P, ... (stream_k_segment) run every rest tile's K steps once, a tile's parts in order, each segment in its own
@@ -213,8 +214,8 @@ def test_stream_k_splits_a_rest_of_more_than_half_a_wave_in_aligned_parts():
     import tvm.sym
     from tvm import tirx
 
-    from wide_tvm.schedules.wgmma_gemm import (STREAM_K_PART_STEPS, STREAM_K_SLOTS, stream_k_parts,
-                                               stream_k_segment)
+    from wide_tvm.schedules.wgmma_stream_k import (STREAM_K_PART_STEPS, STREAM_K_SLOTS, stream_k_parts,
+                                                   stream_k_segment)
 
     rests = (1, 66, 67, 80, 88, 89, 96, 99, 100, 131)
     assert [stream_k_parts(r, 132, 224) for r in rests] == [1, 1, 3, 3, 3, 1, 1, 1, 1, 1]
@@ -254,11 +255,11 @@ def _tensor_map_calls(func) -> list:
 
 
 def test_split_tail_covers_the_last_waves_k_steps_once():
-    """gemm_mn's split tail (wgmma_gemm._tail_pass): a rest of R tiles past the whole waves is split only when
+    """gemm_mn's split tail (wgmma_tiles.tail_pass): a rest of R tiles past the whole waves is split only when
     0 < R <= half a wave, into S shares of at least a K step, R x S blocks at most a wave (the partial slots, the
     helper blocks); the shares of a tile run its K steps once, in order; the knob's most shares is honoured."""
-    from wide_tvm.schedules.tile_gemm import TAIL_SHARES
-    from wide_tvm.schedules.wgmma_gemm import tail_share_steps, tail_shares
+    from wide_tvm.knobs import TAIL_SHARES
+    from wide_tvm.schedules.wgmma_tiles import tail_share_steps, tail_shares
 
     assert tail_shares(266, 132, 8, 64) == 8 and tail_shares(266, 132, 16, 64) == 16  # Q at 4096: R = 2
     assert tail_shares(264, 132, 8, 64) == 1 and tail_shares(256, 132, 8, 64) == 1  # none past; R = 124 > 66
@@ -306,12 +307,12 @@ def test_pattern_order_is_a_knob_of_few_group_gemm_k_past_512_tokens():
 
 
 def test_pattern_order_shares_skips_between_a_tiles_tokens():
-    """The order the sorting launch produces (token_order.host_order: Gray-code rank of the pattern, stable) makes
+    """The order the sorting launch produces (kernel_reference.ref_pattern_order: Gray-code rank of the pattern, stable) makes
     a 128-token tile of O's 4096 tokens run about 3 / 4 of its 8 groups under random 50 % masks (in token order:
     all of them) and fewer under skewed masks, as schedules/token_order.py says."""
     import numpy as np
 
-    from wide_tvm.schedules.token_order import host_order
+    from wide_tvm.kernel_reference import ref_pattern_order as host_order
 
     def ran(mask, order, bt=128):  # groups a tile runs, over the tiles' groups
         m = mask[order]
@@ -341,7 +342,8 @@ def test_pattern_order_builds_as_two_many_block_launches(tmp_path):
     import importlib.util
     import os
 
-    from wide_tvm.schedules.token_order import THREADS, hist_size, order_groups_ok, pattern_order, sort_blocks
+    from wide_tvm.schedules.token_order import THREADS, hist_size, pattern_order, sort_blocks
+    from wide_tvm.knobs import order_groups_ok
 
     assert [sort_blocks(n) for n in (1, 256, 257, 4096)] == [1, 1, 2, 16] and THREADS == 256
     assert hist_size(8, 4096) == 16 * 256 and hist_size(3, 513) == 3 * 8
@@ -368,7 +370,7 @@ def test_pattern_order_builds_as_two_many_block_launches(tmp_path):
 def test_mma_skip_is_a_knob_of_gemm_mns_tile_buckets():
     """The warpgroup MMA skip (mma_skip) is a candidate of gemm_mn's tile buckets (its split-tail form past 512 tokens
     only), never of gemm_k's."""
-    from wide_tvm.bench.workloads import SKIP_VARIANTS, WGMMA_VARIANTS, mma_skip, tile_name
+    from wide_tvm.bench.workloads import SKIP_VARIANTS, WGMMA_VARIANTS, tile_name
     from wide_tvm.tuning import space as ks
 
     assert set(SKIP_VARIANTS) <= set(WGMMA_VARIANTS)
@@ -376,7 +378,7 @@ def test_mma_skip_is_a_knob_of_gemm_mns_tile_buckets():
     for kind, g, gs in (("gemm_mn_swiglu", 112, 128), ("gemm_mn_swiglu", 448, 32), ("gemm_mn", 8, 512),
                         ("gemm_k", 112, 128), ("gemm_k", 8, 512)):
         skips = [[v for v in ks.KnobTask(kind, g, gs, 4096, "float16", "tc", "tile", bucket, wgmma=True)
-                  .choices()["variant"] if mma_skip(v)] for bucket in range(3)]
+                  .choices()["variant"] if tile_knob(v).mma_skip] for bucket in range(3)]
         if kind == "gemm_k":
             assert skips == [[], [], []], kind
         else:
@@ -400,7 +402,7 @@ def test_split_tail_is_a_gemm_mn_knob_of_the_last_bucket():
         assert all(v in variants[2] for v in TAIL_VARIANTS) == (kind != "gemm_k")
 
 
-@pytest.mark.parametrize("gs", [128, 32])
+@pytest.mark.parametrize("gs", [128, pytest.param(32, marks=pytest.mark.slow)])
 def test_gemm_k_weight_tensor_map_boxes_a_k_step_of_the_tc_layout(gs):
     """Where every gemm_k thread copies, its weight tiles come by TMA: boxes of the "tc" weight. Walking the encoded
     map (dimensions, byte strides, box) over a packed weight, as the TMA does, gives the step's tile as nb x 32 K
@@ -477,7 +479,7 @@ def test_per_tile_wgmma_gemm_mn_sorts_its_tokens_up_to_512():
     from wide_tvm.passes.lower_gated import _reorder_bound, _State
     from wide_tvm.tuning import space as ks
     from wide_tvm.schedules import mask_reorder
-    from wide_tvm.schedules.wgmma_gemm import SORT_TOKENS, reorder_free_bound, sorts_tokens
+    from wide_tvm.knobs import SORT_TOKENS, reorder_free_bound, sorts_tokens
 
     per_tile, persistent = tile_knob(("wgmma", 128, 2, 6)), tile_knob(("wgmma", 128, 4, 4, 1, 4, 132))
     assert SORT_TOKENS == 512 and sorts_tokens(per_tile) and not sorts_tokens(persistent)
@@ -509,6 +511,7 @@ def test_per_tile_wgmma_gemm_mn_sorts_its_tokens_up_to_512():
     assert Workload("q", "gemm_mn", 4, 64, 256, sorts=0).reorder == "bench_reorder_g4_d32"
 
 
+@pytest.mark.slow
 def test_gemm_k_hands_33_to_64_tokens_to_its_wgmma_gemm():
     """Where gemm_k's many-token kernel is the wgmma GEMM, its direct kernels stop at 32 tokens (the wgmma GEMM
     is faster at 33-64 on the H200). gemm_k reads the mask itself at every count, so the mask reorder in front of it
@@ -516,8 +519,9 @@ def test_gemm_k_hands_33_to_64_tokens_to_its_wgmma_gemm():
     consumes, always on the CPU."""
     import re
 
-    from wide_tvm.passes.lower_gated import UNREAD, _reorder_bound, _State
-    from wide_tvm.schedules.gemv import direct_bound
+    from wide_tvm.passes.lower_gated import _reorder_bound, _State
+    from wide_tvm.knobs import UNREAD
+    from wide_tvm.knobs import direct_bound
 
     def bounds(func):
         return sorted(int(b) for b in re.findall(r"n <= T\.int64\((\d+)\)", func.script()))
@@ -541,6 +545,7 @@ def test_gemm_k_hands_33_to_64_tokens_to_its_wgmma_gemm():
     assert re.search(r"(?<![\w.])used\[", gemm_k(4, 64, 256, "float32", "nk", "llvm").script())
 
 
+@pytest.mark.slow
 def test_narrow_wgmma_tiles_take_17_to_32_tokens():
     """A wgmma pick whose tiles cover a group's tokens narrowly takes over from the direct kernels past 16 tokens
     (gemv.TILE_TAKEOVER): gemm_mn's swapped tiles and gemm_k's for groups of a K step (64) or more; gemm_k with
@@ -590,11 +595,41 @@ def _compile_cases(cases: list, export: str | None) -> str:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_wgmma_kernel_families_build(tmp_path):
+    """A sample of every wgmma kernel family compiles to sm_90a device code (test_wgmma_kernels_build_for_every_knob,
+    in the slow suite, builds every knob candidate): gemm_mn per tile (sorting its tokens), split over blocks, with
+    producer warps on a persistent grid, with swapped operands and an L2 prefetch, with a split tail, with warpgroups
+    skipping their wgmmas; gemm_k with TMA weights, on the stream-K grid, over pattern-ordered tokens, with groups of
+    32."""
+    cases = [("mn0", "mn", (4, 64, 128, True), ("wgmma", 128, 4, 4)),
+             ("q1", "mn", (2, 512, 64, False), ("wgmma", 128, 2, 6, 4)),
+             ("mnp", "mn", (4, 64, 128, True), ("wgmma", 128, 4, 4, 1, 4, 132)),
+             ("mns", "mn", (4, 64, 128, True), ("wgmma", 48, 1, 8, 1, 0, 0, 1, 256)),
+             ("mnt", "mn", (4, 64, 128, True), ("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8)),
+             ("mnm", "mn", (4, 64, 128, True), ("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 0, 0, 1)),
+             ("k0", "k", (3, 64, 256), ("wgmma", 128, 4, 4)),
+             ("kx", "k", (4, 64, 256), ("wgmma", 128, 4, 4, 1, 0, 132)),
+             ("ko", "k", (8, 64, 256), ("wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 1)),
+             ("k32", "k", (5, 32, 256), ("wgmma", 128, 2, 6, 4))]
+    src = _compile_cases(cases, str(tmp_path / "a.so"))
+    assert all(f"{name}_kernel" in src for name, *_ in cases)
+    for n in (48, 128, 256):  # (48: the swapped tile's tokens as wgmma's N)
+        assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16" in src
+    assert "cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" in src  # the swapped gate/up's L2 prefetch
+    assert "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes" in src  # gemm_k's TMA
+    assert "cp.async.mbarrier.arrive.noinc.shared::cta.b64" in src and "mbarrier.try_wait.parity" in src  # producers
+    assert "__ballot_sync" in src  # the per-tile gemm_mn sorts its tokens
+    assert b"sm_90a" in open(tmp_path / "a.so", "rb").read()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_wgmma_kernels_build_for_every_knob(tmp_path):
     """gate/up (groups of 32 and 64), Q-like (several blocks per group) and gemm_k (also split over blocks, and with
-    groups of 32) at every swept wgmma knob set compile to sm_90a device code (importing the kernels registers the
-    sm_90 -> sm_90a device compile, so a plain sm_90 target works too): asynchronous wgmmas with descriptors, a
-    zero-filling cp.async ring in dynamic shared memory."""
+    groups of 32) at every swept wgmma knob set compile to sm_90a device code (cuda_aot.cuda_codegen, called when this
+    module is imported, registers the sm_90 -> sm_90a device compile, so a plain sm_90 target works too):
+    asynchronous wgmmas with descriptors, a zero-filling cp.async ring in dynamic shared memory. (The default suite
+    builds a sample of each family: test_wgmma_kernel_families_build.)"""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 

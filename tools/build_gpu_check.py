@@ -28,8 +28,8 @@ from wide_tvm.model import WideConfig, build_example, example_inputs  # noqa: E4
 from wide_tvm.tiny_checkpoint import LORA_ALPHA, write_tiny_checkpoint  # noqa: E402
 from wide_tvm.schedules import gemm_k, gemm_mn, gemm_mn_reorder_bound, mask_reorder  # noqa: E402
 from wide_tvm.schedules.launch_bounds import as_built  # noqa: E402
-from wide_tvm.schedules.gemv import DECODE_BUCKETS, GemvKnobs  # noqa: E402
-from wide_tvm.schedules.tile_gemm import DEFAULT_TILES, tile_knob  # noqa: E402
+from wide_tvm.knobs import DECODE_BUCKETS, GemvKnobs  # noqa: E402
+from wide_tvm.knobs import DEFAULT_TILES, tile_knob  # noqa: E402
 from wide_tvm.targets import parse_target  # noqa: E402
 
 KERNELS = [

@@ -4,7 +4,7 @@
     python3 tools/check_token_order.py run sortlib --json order.json     # GPU host (PYTHONPATH=$PWD, runtime bundle)
 
 The kernels are built as wide-compile builds them (launch_bounds.as_built: programmatic dependent launch). `run`
-checks perm and smask against `host_order` for every group count at token counts that fill no block, one block,
+checks perm and smask against `kernel_reference.ref_pattern_order` for every group count at token counts that fill no block, one block,
 one more than a block and many blocks, under random, skewed, all-active and all-skipped masks, with back-to-back
 calls on one stream (a wrong order anywhere is counted); then times the sort of 8 groups (O's) with CUDA events,
 the median of `--reps` calls, each after an L2 flush. Exit status 1 if any order was wrong.
@@ -58,25 +58,12 @@ def build(out: str, source: str | None = None) -> None:
     print("built", out)
 
 
-def host_order(mask):
-    """token_order.host_order without importing the kernels (the GPU host runs the TVM runtime alone)."""
-    import numpy as np
-
-    mask = np.asarray(mask) != 0
-    key = (mask * (1 << np.arange(mask.shape[1] - 1, -1, -1))).sum(1)
-    shift = 1
-    while shift < mask.shape[1]:
-        key = key ^ (key >> shift)
-        shift *= 2
-    return np.argsort(key, kind="stable")
-
-
 def run(folder: str, out_json: str, reps: int) -> int:
     import numpy as np
     import torch
     import tvm
 
-    from wide_tvm.kernel_reference import make_mask
+    from wide_tvm.kernel_reference import make_mask, ref_pattern_order
     from wide_tvm.runtime import ensure_cuda_runtime
 
     ensure_cuda_runtime(tvm)
@@ -107,7 +94,7 @@ def run(folder: str, out_json: str, reps: int) -> int:
                     f(tv(mt), tv(perm), tv(smask), tv(hist))
                     got.append((perm.cpu().numpy(), smask.cpu().numpy()))
                 for m, (p, sm) in zip(masks, got):
-                    want = host_order(m)
+                    want = ref_pattern_order(m)
                     wrong += int((p != want).sum()) + int((sm != m[want]).sum())
             result["checks"].append({"groups": g, "tokens": n, "masks": len(masks), "calls": 3 * len(masks),
                                      "wrong_entries": wrong})

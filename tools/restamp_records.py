@@ -19,7 +19,7 @@ kernel is the same TIR gets today's stamp; the others stay stale (wide-compile i
 to VALUE (JSON): for a change that only moves a token bound between kernels, set to the value before it, so that a
 record is re-stamped if the change is the bound alone. That is only sound where no record was timed at a count
 that crosses the bound (the bound's comment says which); likewise for a new kernel path that a constant switches
-off (wgmma_gemm.STREAM_K_PARTS=1) where no record's timed counts take it. Building every record twice takes a
+off (wgmma_stream_k.STREAM_K_PARTS=1) where no record's timed counts take it. Building every record twice takes a
 while (31 minutes for 471 CUDA records on this 2-core machine; 670 decode records about an hour, beside other
 builds), hence `--report` / `--from-report` (which takes the reports of several `--only` parts; a report names its
 records by a key of their workload and JSON, so records appended to the database after it do not move its stamps

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .knobs import MAX_GROUPS, order_groups_ok
+
 MASK_KINDS = ("random", "all_active", "all_skipped", "skewed")
 
 
@@ -58,3 +60,19 @@ def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
     scale = float(np.abs(ref).max())
     diff = float(np.abs(out.astype(np.float64) - ref).max()) if out.size else 0.0
     return diff / scale if scale > 0 else diff
+
+
+def ref_pattern_order(mask):
+    """NumPy model of schedules/token_order.py's pattern_order perm for a mask [n, G]: tokens stably sorted by the
+    inverse Gray code of their pattern (group 0 the most significant bit), so neighbouring patterns differ in one
+    group. Worked example, G = 2: patterns 00, 01, 11, 10 rank 0, 1, 2, 3, so mask rows [[1, 0], [0, 0], [1, 1]]
+    give perm [1, 2, 0]."""
+    mask = np.asarray(mask) != 0
+    if not order_groups_ok(mask.shape[1]):
+        raise ValueError(f"tokens of {mask.shape[1]} groups cannot be ordered by mask pattern (1 .. {MAX_GROUPS} groups)")
+    key = (mask * (1 << np.arange(mask.shape[1] - 1, -1, -1))).sum(1)
+    shift = 1
+    while shift < mask.shape[1]:  # inverse Gray code, as the kernel's
+        key = key ^ (key >> shift)
+        shift *= 2
+    return np.argsort(key, kind="stable")

@@ -20,10 +20,10 @@ from ..cuda_aot import cuda_codegen
 from ..passes import LowerGatedLayers, wide_pipeline
 from ..schedules import gated_kernel, mask_reorder
 from ..schedules.code_version import records_of as code_records_of
-from ..schedules.gemv import DECODE_BUCKETS, GemvKnobs, decode_knobs, direct_bound
+from ..knobs import DECODE_BUCKETS, GemvKnobs, decode_knobs, direct_bound
 from ..schedules.launch_bounds import as_built
-from ..schedules.tile_gemm import DEFAULT_TILES, tile_knob, tile_knobs
-from ..schedules.wgmma_gemm import reorder_free_bound
+from ..knobs import DEFAULT_TILES, tile_knob, tile_knobs
+from ..knobs import reorder_free_bound
 from ..targets import has_wgmma, launches_dependents, parse_target, target_folder
 from ..tuning.database import load as load_knobs
 from .workloads import LLAMA_8B, SWEEPS, Workload, swept_variants, variants

@@ -22,7 +22,8 @@ import numpy as np
 from ..kernel_reference import make_mask
 from ..weight_layout import pack
 from .report import times
-from .workloads import (DECODE_BUCKETS, MASKS, PREFILL_SWEEP_TOKENS, SPARSITIES, SWEEP_TOKENS, TOKENS, Workload,
+from ..knobs import DECODE_BUCKETS
+from .workloads import (MASKS, PREFILL_SWEEP_TOKENS, SPARSITIES, SWEEP_TOKENS, TOKENS, Workload,
                         swept_variants, tile_bucket, variant_name)
 
 

@@ -1,16 +1,16 @@
-"""The benchmarked workloads: Llama-3.1-8B projection shapes, token counts, sparsities, mask kinds."""
+"""The benchmarked workloads: Llama-3.1-8B projection shapes, token counts, sparsities, mask kinds, and the knob
+candidates a sweep builds. Pure Python (the GPU host imports it with the TVM runtime alone): names and shape rules
+come from wide_tvm/knobs.py, the kernels' own."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 from ..kernel_spec import KernelSpec
+from ..knobs import DIRECT_TOKENS, TILE_BUCKETS, UNREAD, GemvKnobs, check_wgmma_shape, tile_knob
 
 TOKENS = (1, 4, 8, 16, 32, 64, 512, 4096)
 SWEEP_TOKENS = (1, 4, 8, 16, 32, 64)  # token counts the knob sweep times: every DECODE_BUCKETS bucket
-DIRECT_TOKENS = {"gemm_mn": 32, "gemm_k": 64}  # = schedules.gemv.DIRECT_TOKENS
-DECODE_BUCKETS = (1, 8, 16, 32, 64)  # = schedules.gemv.DECODE_BUCKETS (the GPU host cannot import the kernels)
-UNREAD = 2**31 - 1  # = passes.lower_gated.UNREAD: the reorder bound of a kernel that never reads the reorder
 SPARSITIES = (0.25, 0.5, 0.75)
 MASKS = ("random", "skewed")
 
@@ -174,8 +174,6 @@ SKIP_VARIANTS = (("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 0, 0, 1), ("wgmma", 128, 2,
                  ("wgmma", 128, 2, 6, 4, 0, 0, 0, 0, 0, 0, 1), ("wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 0, 1),
                  ("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8, 0, 1))
 WGMMA_VARIANTS += SKIP_VARIANTS
-ORDER_GROUPS = 8  # = schedules.token_order.MAX_GROUPS
-TILE_BUCKETS = (128, 512)  # = schedules.tile_gemm.TILE_BUCKETS
 TILE_SWEEP_BUCKETS = tuple(f"tiles{b}" for b in TILE_BUCKETS) + ("tiles",)  # their names in a sweep's picks
 PREFILL_SWEEP_TOKENS = (65, 128, 256, 512, 1024, 4096)
 
@@ -203,45 +201,17 @@ def swept_variants(w: Workload, tokens: int, wgmma: bool, sweep: str | None) -> 
 
 
 def wgmma_fits(w: Workload, v: tuple) -> bool:
-    """Whether schedules.wgmma_gemm builds `w` with wgmma tile knobs v (its check_wgmma_shape, without importing
-    the kernels): 64-wide K steps and column blocks that split a group (gemm_mn), or groups of whole steps or of
-    32 K (two a step) and N in wgmma N tiles (gemm_k); K split over blocks only on a per-tile grid."""
-    if w.kind == "gemm_mn":
-        nw = 2 if w.swiglu else 1
-        bn = min(w.group_size, 64 * v[2] // nw)  # output channels per block (wgmma_gemm.wgmma_n)
-        return (w.k % 64 == 0 and bn % 16 == 0 and w.group_size % bn == 0 and nw * bn % 64 == 0
-                and (len(v) < 7 or not v[6] or (v[4] == 1 and bool(v[5])))  # a persistent grid: producer warps
-                and (len(v) < 10 or not v[9] or (v[4] == 1 and not any(v[6:8])))  # a split tail: per tile, unsplit
-                and not ordered(v)  # tokens ordered by pattern: gemm_k's alone
-                and (not mma_skip(v) or not any(v[6:8])))  # warpgroups skipping their wgmmas: per tile, unswapped
-    whole = w.group_size % 64 == 0 or w.group_size == 32  # whole K steps, or two groups a step
-    stream_k = len(v) > 6 and v[6]  # a persistent grid: every thread copies, K shared out by the grid itself
-    return (whole and w.n % (64 * v[2]) == 0 and not any(v[7:10]) and not mma_skip(v)  # no swap, L2 prefetch, split
-            # tail or warpgroup MMA skip
-            and (not stream_k or (v[4] == 1 and not v[5]))
-            and (not ordered(v) or (w.groups <= ORDER_GROUPS and not stream_k and not v[5]
-                                    and (w.group_size % 64 == 0 or v[1] == 128))))  # ... with lookahead
-
-
-def mma_skip(v: tuple) -> bool:
-    """Whether a wgmma tile variant's warpgroups skip their wgmmas where all their rows are inactive (twelfth entry)."""
-    return len(v) > 11 and bool(v[11])
-
-
-def ordered(v: tuple) -> bool:
-    """Whether a wgmma tile variant orders its tokens by mask pattern (its eleventh entry)."""
-    return len(v) > 10 and bool(v[10])
+    """Whether the wgmma tile GEMM builds `w` with tile knobs v (knobs.check_wgmma_shape)."""
+    try:
+        check_wgmma_shape(w.group_size, w.dim, tile_knob(v), w.swiglu if w.kind == "gemm_mn" else None, groups=w.groups)
+    except ValueError:
+        return False
+    return True
 
 
 def tile_name(v: tuple) -> str:
-    """schedules.tile_gemm.tile_knob(v).name(), without importing the kernels."""
-    if v[0] == "wgmma":
-        return (f"wg{v[1]}n{64 * v[2]}s{v[3]}" + (f"k{v[4]}" if len(v) > 4 and v[4] > 1 else "")
-                + (f"p{v[5]}" if len(v) > 5 and v[5] else "") + (f"x{v[6]}" if len(v) > 6 and v[6] else "")
-                + ("t" if len(v) > 7 and v[7] else "") + (f"l{v[8]}" if len(v) > 8 and v[8] else "")
-                + (f"w{v[9]}" if len(v) > 9 and v[9] else "") + ("o" if ordered(v) else "")
-                + ("m" if mma_skip(v) else ""))
-    return "gemv64" if v == ("gemv",) else "t{}r{}s{}p{}".format(*v)
+    """The name of tile knobs v (a sweep build's kernel suffix)."""
+    return tile_knob(v).name()
 
 
 def tile_bucket(tokens: int) -> str:
@@ -255,7 +225,5 @@ def variant_name(w: Workload, tokens: int, v: tuple) -> str:
 
 
 def knob_name(v: tuple) -> str:
-    """GemvKnobs(*v).name(), without importing the kernels (the GPU host runs this from the source tree)."""
-    return (f"w{v[0]}u{v[1]}" + (f"r{v[2]}" if len(v) > 2 and v[2] > 1 else "")
-            + (f"s{v[3]}" if len(v) > 3 and v[3] else "") + (f"b{v[4]}" if len(v) > 4 and v[4] > 1 else "")
-            + (f"k{v[5]}" if len(v) > 5 and v[5] > 1 else ""))
+    """The name of direct-kernel knobs v (a sweep build's kernel suffix)."""
+    return GemvKnobs(*v).name()

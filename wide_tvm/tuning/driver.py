@@ -38,7 +38,8 @@ def from_sweep(paths: list[str]) -> dict:
     an earlier one's (e.g. a sweep of the tile kernels alone over a full one)."""
     import json
 
-    from ..bench.workloads import DECODE_BUCKETS, LLAMA_8B, TILE_SWEEP_BUCKETS
+    from ..bench.workloads import LLAMA_8B, TILE_SWEEP_BUCKETS
+    from ..knobs import DECODE_BUCKETS
 
     best = {}
     for path in paths:

@@ -23,13 +23,14 @@ from tvm import tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from ..bench.workloads import TILE_VARIANTS, WGMMA_VARIANTS, Workload, ordered, wgmma_fits
+from ..bench.workloads import TILE_VARIANTS, WGMMA_VARIANTS, Workload, wgmma_fits
 from ..kernel_spec import KINDS, kernel_key
 from ..weight_layout import LAYOUTS, stored_shape
-from ..schedules.gemv import DECODE_BUCKETS, DEFAULT_DECODE, DIRECT_TOKENS, GemvKnobs, bucket_tokens, k_plan, mn_plan
+from ..schedules.gemv import k_plan, mn_plan
+from ..knobs import DECODE_BUCKETS, DEFAULT_DECODE, DIRECT_TOKENS, GemvKnobs, bucket_tokens, tile_knob
 from ..schedules.code_version import code_version
 from ..schedules.root_block import with_root_block
-from ..schedules.tile_gemm import DEFAULT_TILES, TILE_BUCKETS, tile_knob
+from ..knobs import DEFAULT_TILES, TILE_BUCKETS
 from ..schedules.tiles import CPU_BUCKETS, TileConfig
 
 CPU_BM = (1, 2, 3, 4, 6, 8)  # tokens of a CPU kernel's register tile
@@ -47,16 +48,6 @@ ENTRY_FIELD = {"cpu": "cpu", "decode": "decode", "tile": "tiles"}
 # points count as one (knob_key).
 DECODE_CHOICES = {"warps": (4, 8, 16, 32), "unroll": (1, 2, 4), "rows": (1, 2), "stages": (0, 2, 3, 4),
                   "row_warps": (1, 2, 4), "ksplit": (1, 2, 4)}
-
-
-def _split_tail(variant: tuple) -> bool:
-    """Whether a wgmma tile variant splits its last wave in K (its tenth entry)."""
-    return len(variant) > 9 and bool(variant[9])
-
-
-def _swapped(variant: tuple) -> bool:
-    """Whether a wgmma tile variant swaps its operands (its eighth entry)."""
-    return len(variant) > 7 and bool(variant[7])
 
 
 @dataclass(frozen=True)
@@ -117,9 +108,9 @@ class KnobTask:
         # per-tile gemm_mn sorts its tokens itself there and never runs the pass that splits)
         # pattern-ordered gemm_k candidates only past 512 tokens, where the sort's launch is a small part of the time
         # and many tiles can share skips
-        wg = tuple(v for v in WGMMA_VARIANTS if wgmma_fits(w, v) and (self.bucket == 0 or not _swapped(v))
-                   and (self.bucket == len(TILE_TOKENS) - 1 or not (_split_tail(v) or ordered(v)))) \
-            if self.wgmma else ()
+        last = self.bucket == len(TILE_TOKENS) - 1
+        wg = tuple(v for v in WGMMA_VARIANTS if wgmma_fits(w, v) and (self.bucket == 0 or not tile_knob(v).swap)
+                   and (last or not (tile_knob(v).tail or tile_knob(v).order))) if self.wgmma else ()
         return {"variant": TILE_VARIANTS + wg}
 
     def size(self) -> int:
@@ -280,8 +271,8 @@ def decisions_of(task: KnobTask, values: dict) -> dict[str, int] | None:
 def incumbent(task: KnobTask, entry: dict | None) -> dict[str, int] | None:
     """Decisions of the knobs the kernel runs this bucket with when the database has nothing for it: a knob
     file's entry (GPU sweep imports), else the kernel's default; None when those are not in the task's space."""
-    from ..schedules.gemv import decode_knobs
-    from ..schedules.tile_gemm import tile_knobs
+    from ..knobs import decode_knobs
+    from ..knobs import tile_knobs
     from ..schedules.tiles import cpu_default_tile, cpu_tiles, tiles_from_log
 
     entry = entry or {}

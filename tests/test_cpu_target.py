@@ -53,8 +53,9 @@ def test_the_named_cpu_decides_the_vector_code():
 
 
 def test_thread_pool_runs_one_thread_per_physical_core(monkeypatch):
-    """wide_tvm set TVM_NUM_THREADS on import (conftest imports it before any TVM CPU kernel ran), unless the user
-    did; TVM's own default would be half the logical CPUs on x86."""
+    """use_physical_cores (called by wide_tvm.compile / load and the tools before TVM's pool starts) sets
+    TVM_NUM_THREADS to the physical cores unless the user set it (or OMP_NUM_THREADS); TVM's own default would be half
+    the logical CPUs on x86."""
     n = cpu_threads.physical_cores()
     assert 1 <= n <= (os.cpu_count() or 1)
     if os.environ.get("TVM_NUM_THREADS") == str(n):  # set by wide_tvm (the user left it unset)
@@ -167,3 +168,19 @@ def test_cpu_bench_report_renders_its_rows_and_plot(tmp_path):
     assert "| gate_up_g128 | 64 |" in table and "| 3 x 4 |" in table and len(table.splitlines()) == 4 + 6
     png = tmp_path / "cpu.png"
     assert bench_main(["report", str(path), "--plot", str(png)]) == 0 and png.stat().st_size > 10_000
+
+
+def test_importing_the_package_changes_nothing():
+    """Importing wide_tvm (and its compile driver, runtime and pure-data modules) sets no environment variable, loads
+    no stand-in CUDA driver and imports no TVM: compile() / load() and the tools install those when called."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys; import wide_tvm, wide_tvm.compiler, wide_tvm.runtime, wide_tvm.kernel_spec, wide_tvm.knobs, "
+            "wide_tvm.bench.workloads; "
+            "assert 'TVM_NUM_THREADS' not in os.environ and 'TVM_CUDA_COMPILE_MODE' not in os.environ, os.environ; "
+            "assert 'tvm' not in sys.modules, 'tvm imported'; "
+            "assert 'libcuda' not in open('/proc/self/maps').read(), 'a CUDA driver loaded'")
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "TVM_CUDA_COMPILE_MODE")}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr

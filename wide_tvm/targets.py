@@ -26,7 +26,6 @@ def parse_target(spec: str):
     or a target JSON dict."""
     import tvm
 
-    hopper_device_code()
     spec = spec.strip()
     try:
         if spec == "llvm" or spec.startswith("llvm:"):
@@ -92,7 +91,8 @@ _registered = False
 
 def hopper_device_code() -> None:
     """Compile device code of sm_90 targets for sm_90a (TVM compiles for the target's arch as written), through
-    TVM's own nvcc/nvrtc driver; other targets are compiled as TVM would."""
+    TVM's own nvcc/nvrtc driver; other targets are compiled as TVM would. Installed by what builds CUDA code
+    (cuda_aot.cuda_codegen: wide_tvm.compile, wide-bench build; the tuner's builder), never on import."""
     global _registered
     if _registered:
         return

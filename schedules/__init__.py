@@ -19,7 +19,7 @@ def gated_kernel(kind: str, groups: int, group_size: int, dim: int, dtype: str, 
 
 def gemm_mn_reorder_bound(tile_knobs: tuple) -> int:
     """Token counts up to which no kernel of a tensor-core gemm_mn with these many-token knobs (one per tile
-    bucket) reads the mask reorder: its direct kernels' (gemv.direct_bound, which for gemm_mn does not depend on the
+    bucket) reads the mask reorder: its direct kernels' (knobs.direct_bound, which for gemm_mn does not depend on the
     group size) and those that sort their tokens themselves."""
     return max(direct_bound("gemm_mn", tile_knobs, 0), reorder_free_bound(tile_knobs))
 

@@ -21,6 +21,18 @@ SPACE_SOURCES = {"cpu": ("gemm_mn", "gemm_k", "cpu_gemm", "tiles", "weights", "d
                  "tile": ("gemm_mn", "gemm_k", "gemv", "gemv_mn", "gemv_k", "tile_gemm", "wgmma_gemm", "mask_reorder",
                           "token_order", "weights", "dispatch", "warp_ops", "wgmma_ring", "wgmma_epilogue",
                           "wgmma_tiles", "wgmma_stream_k", "wgmma_mn", "wgmma_k")}
+# ... and the package's own modules every space's kernels read: the knobs and their rules (token buckets, the bounds
+# between kernels, the shape checks), which moved there from the kernel modules (wide_tvm/<name>.py)
+PACKAGE_SOURCES = ("knobs",)
+
+
+def source_paths(space: str) -> list[str]:
+    """The files a space's code version hashes, in order: its kernel modules, then PACKAGE_SOURCES."""
+    from .. import knobs
+
+    here, package = os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(knobs.__file__))
+    return ([os.path.join(here, f"{name}.py") for name in SPACE_SOURCES[space]]
+            + [os.path.join(package, f"{name}.py") for name in PACKAGE_SOURCES])
 
 
 # space -> the code version that counts as today's inside `records_of` (an A/B build against the committed records)
@@ -36,8 +48,8 @@ def code_version(space: str) -> str:
 @functools.cache
 def _tree_version(space: str) -> str:
     sources = []
-    for name in SPACE_SOURCES[space]:
-        with open(os.path.join(os.path.dirname(__file__), f"{name}.py"), encoding="utf-8") as f:
+    for path in source_paths(space):
+        with open(path, encoding="utf-8") as f:
             sources.append(f.read())
     return _digest(sources)
 
@@ -67,7 +79,7 @@ def code_version_at(rev: str, space: str) -> str:
     try:
         root = git("rev-parse", "--show-toplevel", cwd=here).strip()
         git("rev-parse", "--verify", f"{rev}^{{commit}}")  # (an unknown revision: git says so)
-        paths = [f"{os.path.relpath(here, root)}/{name}.py" for name in SPACE_SOURCES[space]]
+        paths = [os.path.relpath(path, root) for path in source_paths(space)]
         # a module the revision does not have yet was not part of its hash either (its SPACE_SOURCES had no such name)
         present = set(git("ls-tree", "--name-only", rev, "--", *paths).split())
         sources = [git("show", f"{rev}:{path}") for path in paths if path in present]

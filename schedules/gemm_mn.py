@@ -30,7 +30,7 @@ def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str,
             cpu_tile: TileConfig | tuple | None = None) -> tirx.PrimFunc:
     """x [n, K], w (and w_up for SwiGLU) [N, K] ("nk"), [K, N] ("kn") or tensor-core tiles ("tc", CUDA fp16),
     mask [n, G], counts [G], order [G, n], used [G + 1] (the mask reorder) -> out [n, N]. The tensor-core
-    direct kernels (up to gemv.direct_bound tokens) read the mask itself; every other path walks the reorder."""
+    direct kernels (up to knobs.direct_bound tokens) read the mask itself; every other path walks the reorder."""
     G, gs, K = groups, group_size, k_dim
     N = G * gs
     check_layout(w_layout, target_kind, supports_mn(gs, K, dtype))

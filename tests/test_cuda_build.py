@@ -265,7 +265,7 @@ def test_bench_build_for_cuda(tmp_path, monkeypatch, sweep):
 
 def test_bench_workloads_carry_their_kernels_direct_bound():
     """A tuned wgmma pick for gemm_k moves its benchmark kernel's direct bound to 16 tokens (groups of 64 or more;
-    32 for groups of 32), a swapped wgmma gemm_mn pick its to 16 (gemv.direct_bound); a workload that
+    32 for groups of 32), a swapped wgmma gemm_mn pick its to 16 (knobs.direct_bound); a workload that
     disagrees with its kernel is refused. The mask reorder the benchmark pairs gemm_k with never runs (gemm_k reads
     the mask itself, as LowerGatedLayers compiles it); gemm_mn's runs past its direct kernels and past the kernels
     that sort their tokens themselves."""

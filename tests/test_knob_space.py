@@ -485,7 +485,7 @@ def test_restamp_keeps_the_records_whose_kernel_is_unchanged(tmp_path, monkeypat
     assert restamp.unsampled_records(folder, sampled, {0}) == {1}  # the task's other record goes with its sample
     assert restamp.unsampled_records(folder, sampled, set()) == set()  # ... unless the sample's kernel changed
     monkeypatch.delenv("WIDE_RESTAMP_SAMPLE")
-    monkeypatch.setenv("WIDE_RESTAMP_SET", "gemv.TILE_TAKEOVER=32")  # what --set sets: a constant today's build uses
+    monkeypatch.setenv("WIDE_RESTAMP_SET", "knobs.TILE_TAKEOVER=32")  # what --set sets: a constant today's build uses
     assert restamp.collect(restamp.kernel_hashes(folder, old), "today's code") == first  # (no CPU kernel reads it)
     monkeypatch.setenv("WIDE_RESTAMP_SET", "gemv.NO_SUCH_BOUND=32")
     with pytest.raises(SystemExit, match="wide_tvm.schedules.gemv has no NO_SUCH_BOUND"):
@@ -676,3 +676,15 @@ def test_task_tags_of_the_first_layouts_never_move():
     assert [ks.task_tag(k, lay) for k in ks.KINDS for lay in ("nk", "kn", "tc")] == list(range(1, 10))
     tags = {ks.task_tag(k, lay): (k, lay) for k in ks.KINDS for lay in LAYOUTS}
     assert len(tags) == len(ks.KINDS) * len(LAYOUTS) and all(ks.tag_task(t) == kl for t, kl in tags.items())
+
+
+def test_code_version_hashes_the_knob_rules_too():
+    """Every space's code version covers wide_tvm/knobs.py as well as its kernel modules: the token buckets, the bounds
+    between kernels and the shape checks moved there from the kernel modules, and an edit of them must stale the
+    records as it did before."""
+    from wide_tvm import knobs
+
+    for space in cv.SPACE_SOURCES:
+        paths = cv.source_paths(space)
+        assert os.path.abspath(knobs.__file__) in paths and all(os.path.exists(p) for p in paths)
+        assert cv._digest([open(p).read() for p in paths]) == cv.code_version(space)

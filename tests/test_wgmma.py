@@ -548,13 +548,14 @@ def test_gemm_k_hands_33_to_64_tokens_to_its_wgmma_gemm():
 @pytest.mark.slow
 def test_narrow_wgmma_tiles_take_17_to_32_tokens():
     """A wgmma pick whose tiles cover a group's tokens narrowly takes over from the direct kernels past 16 tokens
-    (gemv.TILE_TAKEOVER): gemm_mn's swapped tiles and gemm_k's for groups of a K step (64) or more; gemm_k with
+    (knobs.TILE_TAKEOVER): gemm_mn's swapped tiles and gemm_k's for groups of a K step (64) or more; gemm_k with
     groups of 32 and unswapped gemm_mn picks keep theirs to 32, non-wgmma picks to their own bounds. The
     reorder-free bound of a sorting gemm_mn does not move. Pinned to the bound before it (32), the kernels are the
     ones built before (what tools/restamp_records.py --set relies on)."""
     import re
 
-    from wide_tvm.schedules import gemm_mn_reorder_bound, gemv
+    from wide_tvm import knobs
+    from wide_tvm.schedules import gemm_mn_reorder_bound
 
     def bounds(func):
         return sorted(int(b) for b in re.findall(r"n <= T\.int64\((\d+)\)", func.script()))
@@ -565,16 +566,16 @@ def test_narrow_wgmma_tiles_take_17_to_32_tokens():
     assert bounds(gemm_mn(4, 64, 128, "float16", "tc", True, "cuda", tile_knobs=plain)) == [1, 8, 16, 32, 512]
     assert bounds(gemm_k(4, 64, 256, "float16", "tc", "cuda", tile_knobs=plain)) == [1, 8, 16]
     assert bounds(gemm_k(4, 32, 256, "float16", "tc", "cuda", tile_knobs=plain)) == [1, 8, 16, 32]
-    assert [gemv.direct_bound(k, swapped, 64) for k in ("gemm_mn", "gemm_mn_swiglu", "gemm_k")] == [16, 16, 16]
-    assert gemv.direct_bound("gemm_k", plain, 128) == 16 and gemv.direct_bound("gemm_k", plain, 32) == 32
-    assert gemv.direct_bound("gemm_k", DEFAULT_TILES, 128) == 64
+    assert [knobs.direct_bound(k, swapped, 64) for k in ("gemm_mn", "gemm_mn_swiglu", "gemm_k")] == [16, 16, 16]
+    assert knobs.direct_bound("gemm_k", plain, 128) == 16 and knobs.direct_bound("gemm_k", plain, 32) == 32
+    assert knobs.direct_bound("gemm_k", DEFAULT_TILES, 128) == 64
     assert gemm_mn_reorder_bound(swapped) == 512
     try:
-        gemv.TILE_TAKEOVER = 32
+        knobs.TILE_TAKEOVER = 32
         pinned = [gemm_mn(4, 64, 128, "float16", "tc", True, "cuda", tile_knobs=swapped),
                   gemm_k(4, 64, 256, "float16", "tc", "cuda", tile_knobs=plain)]
     finally:
-        gemv.TILE_TAKEOVER = 16
+        knobs.TILE_TAKEOVER = 16
     assert [bounds(f) for f in pinned] == [[1, 8, 16, 32, 512], [1, 8, 16, 32]]
 
 

@@ -4,7 +4,7 @@
     python tools/restamp_records.py tuning_logs/cuda-sm90 --from-report r.json --write  # rewrite from that
     python tools/restamp_records.py tuning_logs/cuda-sm90 --since REV --write           # both in one go
     python tools/restamp_records.py tuning_logs/cuda-sm90 --since REV --only 'gemm_mn' --write   # those tasks only
-    python tools/restamp_records.py tuning_logs/cuda-sm90 --since REV --set gemv.TILE_TAKEOVER=32 --write
+    python tools/restamp_records.py tuning_logs/cuda-sm90 --since REV --set knobs.TILE_TAKEOVER=32 --write
     python tools/restamp_records.py DB --since REV --since-package OLD --jobs 8 --report r.json  # 16 cores, no git
 
 Every record carries the hash of its space's kernel modules (schedules/code_version.py), so any edit there
@@ -50,9 +50,14 @@ from wide_tvm.schedules.code_version import code_version
 for pin in filter(None, os.environ.get("WIDE_RESTAMP_SET", "").split(";")):  # today's build only (kernel_hashes)
     name, value = pin.split("=", 1)
     module, attr = name.rsplit(".", 1)
-    target = importlib.import_module("wide_tvm.schedules." + module)
+    try:  # a kernel module, or a module of the package itself (knobs.TILE_TAKEOVER)
+        module = "wide_tvm.schedules." + module
+        target = importlib.import_module(module)
+    except ImportError:
+        module = "wide_tvm." + module.rsplit(".", 1)[-1]
+        target = importlib.import_module(module)
     if not hasattr(target, attr):
-        sys.exit(f"--set {pin}: wide_tvm.schedules.{module} has no {attr}")
+        sys.exit(f"--set {pin}: {module} has no {attr}")
     setattr(target, attr, json.loads(value))
 given = json.load(open(sys.argv[3])) if len(sys.argv) > 3 else {}
 out, seen = {}, {}

@@ -62,7 +62,7 @@ WGMMA_DIRECT_TOKENS = 32
 # random masks, 17-32 tokens: gate/up g128 71-75 -> 66-67 us, Q 21-22 -> 18-19 us, down 46-52 -> 43-45 us, O 21-24 ->
 # 18-21 us; down g32 (two groups a K step) lost (41-44 -> 45-50 us), and at 9-16 tokens the direct kernels won for every
 # kernel (docs/performance.md). No knob task is timed at 17-32 tokens, so records restamp across this bound
-# (tools/restamp_records.py --set gemv.TILE_TAKEOVER=32 rebuilds today's kernels with the bound before it).
+# (tools/restamp_records.py --set knobs.TILE_TAKEOVER=32 rebuilds today's kernels with the bound before it).
 TILE_TAKEOVER = 16
 
 
@@ -70,7 +70,7 @@ def direct_bound(kind: str, tile_knobs: tuple, group_size: int) -> int:
     """Token counts up to which a tensor-core kernel of `kind` ("gemm_k" or a gemm_mn kind) runs its direct kernels,
     given its many-token knobs per tile bucket (schedules/tile_gemm.py: tile_knobs) and group size. Past it gemm_mn's
     many-token kernels read the mask reorder's sorted order unless they sort their tokens themselves
-    (wgmma_gemm.reorder_free_bound); no gemm_k kernel reads the reorder at any count (passes/lower_gated.py:
+    (knobs.reorder_free_bound); no gemm_k kernel reads the reorder at any count (passes/lower_gated.py:
     _reorder_bound)."""
     first = tile_knobs[0]
     if kind == "gemm_k":

@@ -49,7 +49,7 @@ def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None
 def built_bounds(w: Workload, target_kind: str, tuned: dict | None, wgmma: bool) -> tuple[int, int]:
     """(direct-kernel bound, reorder-free bound) of w's benchmark kernel from its tuned tile knobs: gemm_k's
     direct bound depends on them, and a gemm_mn whose leading buckets sort their own tokens reads no reorder up
-    to the second (wgmma_gemm.reorder_free_bound; 0 for gemm_k). Both 0 off tensor cores."""
+    to the second (knobs.reorder_free_bound; 0 for gemm_k). Both 0 off tensor cores."""
     spec = w.spec(target_kind)
     if target_kind != "cuda" or spec.layout != "tc":
         return 0, 0

@@ -30,10 +30,10 @@ class Workload:
     dim: int  # K of gemm_mn, N of gemm_k
     swiglu: bool = False
     dtype: str = "float16"
-    # the built kernel's direct-kernel bound (schedules.gemv.direct_bound, set by `wide-bench build` from the tuned
+    # the built kernel's direct-kernel bound (knobs.direct_bound, set by `wide-bench build` from the tuned
     # tile knobs: 16 where a narrow wgmma tile takes over, 32 for gemm_k's other wgmma picks); 0: DIRECT_TOKENS[kind]
     direct: int = 0
-    # the built gemm_mn's reorder-free bound (schedules.wgmma_gemm.reorder_free_bound of its tuned tile knobs, set
+    # the built gemm_mn's reorder-free bound (knobs.reorder_free_bound of its tuned tile knobs, set
     # by `wide-bench build`): up to it its many-token kernels sort their tokens themselves; 0: none does
     sorts: int = 0
 
@@ -65,7 +65,7 @@ class Workload:
 
     @property
     def direct_tokens(self) -> int:
-        """Token counts up to which the tensor-core kernel reads the mask itself (schedules.gemv.direct_bound)."""
+        """Token counts up to which the tensor-core kernel reads the mask itself (knobs.direct_bound)."""
         return self.direct or DIRECT_TOKENS[self.kind]
 
     @property

@@ -43,7 +43,7 @@ KNOB = "wide.knob."  # root-block annotation prefix: wide.knob.<name> = index of
 # timed at, and the field of a kernel-knob entry that holds their knobs, one per bucket
 SPACE_TOKENS = {"cpu": CPU_TOKENS, "decode": DECODE_BUCKETS, "tile": TILE_TOKENS}
 ENTRY_FIELD = {"cpu": "cpu", "decode": "decode", "tile": "tiles"}
-# The direct (decode) kernels' knobs, each sampled on its own (schedules.gemv.GemvKnobs; rows: gemm_k only). Many
+# The direct (decode) kernels' knobs, each sampled on its own (knobs.GemvKnobs; rows: gemm_k only). Many
 # combinations build the same kernel once fitted to registers and shared memory (gemv.mn_plan / k_plan): such
 # points count as one (knob_key).
 DECODE_CHOICES = {"warps": (4, 8, 16, 32), "unroll": (1, 2, 4), "rows": (1, 2), "stages": (0, 2, 3, 4),
@@ -121,7 +121,7 @@ def kernel_tasks(kind: str, groups: int, group_size: int, dim: int, dtype: str, 
                  wgmma: bool = False) -> list[KnobTask]:
     """Every task of one kernel on a target kind: a CPU tile per CPU bucket, or on CUDA the direct kernels'
     knobs per decode bucket they run (tensor-core layout only) and the many-token kernels' per tile bucket.
-    The direct tasks stay up to DIRECT_TOKENS even where a wgmma tile pick takes 17-64 tokens (gemv.direct_bound):
+    The direct tasks stay up to DIRECT_TOKENS even where a wgmma tile pick takes 17-64 tokens (knobs.direct_bound):
     which of the two runs there depends on the tile pick, which tuning may change."""
     spec = (kind, groups, group_size, dim, dtype, layout)
     if target_kind == "llvm":

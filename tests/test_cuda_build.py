@@ -98,6 +98,7 @@ def test_dependent_launch_waits_first_in_every_kernel(tmp_path):
     assert open(tmp_path / "k.so", "rb").read().count(PDL_FLAG) == len(starts)
 
 
+@pytest.mark.slow
 def test_wgmma_kernels_are_built_for_one_block_per_sm():
     """As the library builds them (launch_bounds.as_built), exactly the kernels that issue wgmma carry
     `__launch_bounds__(threads, 1)` (ptxas's register budget then no longer follows the kernel's parameter order,
@@ -263,6 +264,7 @@ def test_bench_build_for_cuda(tmp_path, monkeypatch, sweep):
     assert [w["direct"] for w in spec["workloads"]] == [32, 64]  # the reorder bounds the GPU host reads (untuned)
 
 
+@pytest.mark.slow
 def test_bench_workloads_carry_their_kernels_direct_bound():
     """A tuned wgmma pick for gemm_k moves its benchmark kernel's direct bound to 16 tokens (groups of 64 or more;
     32 for groups of 32), a swapped wgmma gemm_mn pick its to 16 (knobs.direct_bound); a workload that

@@ -627,6 +627,7 @@ def test_measure_knobs_tool_picks_the_fastest_records_and_given_variants():
     assert values[0] == pick and values[1] != pick and values[2] == {"variant": TAIL_VARIANTS[2]}
 
 
+@pytest.mark.slow
 def test_db_records_carries_a_subset_and_merges_back_only_new_records(tmp_path):
     """tools/db_records.py: the records of the tasks --only names go to a new folder (twice: nothing more), and a
     folder that comes back with one record measured there adds exactly that record to a copy of the source."""

@@ -178,7 +178,7 @@ def _tuned(state: _State, kind: str, groups: int, group_size: int, dim: int, dty
     try:
         if state.target_kind == "cuda":
             return {**({"decode_knobs": decode_knobs(entry["decode"])} if "decode" in entry else {}),
-                    "tile_knobs": tile_knobs(entry.get("tiles"), state.wgmma)}
+                    "tile_knobs": tile_knobs(entry.get("tiles"), state.wgmma, kind)}
         if state.target_kind == "llvm" and "cpu" in entry:
             return {"cpu_tile": tiles_from_log(entry["cpu"])}
     except (TypeError, ValueError, KeyError) as err:

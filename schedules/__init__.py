@@ -1,11 +1,11 @@
 """TensorIR kernels of wide-tvm, each one function with its CUDA and CPU schedule beside it."""
 
+from ..knobs import direct_bound
+from ..knobs import reorder_free_bound
 from .gemm_k import gemm_k
 from .gemm_mn import gemm_mn
-from ..knobs import direct_bound
 from .mask_reorder import mask_reorder
 from .tiles import TileConfig, tile_config
-from ..knobs import reorder_free_bound
 
 
 def gated_kernel(kind: str, groups: int, group_size: int, dim: int, dtype: str, layout: str, target_kind: str,

@@ -1,9 +1,13 @@
 """A hash of the kernel code behind each knob space, stamped on every MetaSchedule template.
 
 A knob template holds only a kernel's signature and knobs, so a record timed before a kernel change would otherwise
-still apply after it. The hash reads the kernel modules' syntax trees (docstrings and positions dropped, so comments,
-formatting and docs do not count), written out by `_canonical` rather than `ast.dump`, whose output differs between
-Python versions (3.12 added empty `type_params`): this machine runs 3.11, the GPU host 3.12.
+still apply after it. The hash reads the kernel modules' syntax trees as a set of top-level definitions (functions,
+classes, constants), so that moving code does not change it: which file a definition sits in, the order of
+definitions, import statements (also those inside functions: only the names imported count), docstrings, comments,
+formatting and type annotations of parameters and returns do not count; the body of every definition does. Renaming a
+definition, or changing any statement of one, changes the hash; tools/restamp_records.py then re-stamps the records
+whose kernels stayed the same TIR. Trees are written out by `_canonical` rather than `ast.dump`, whose output
+differs between Python versions (3.12 added empty `type_params`): this machine runs 3.11, the GPU host 3.12.
 """
 
 from __future__ import annotations
@@ -55,16 +59,36 @@ def _tree_version(space: str) -> str:
 
 
 def _digest(sources: list[str]) -> str:
-    digest = hashlib.sha256()
+    units = []
     for text in sources:
-        tree = ast.parse(text)
-        for node in ast.walk(tree):
-            body = getattr(node, "body", None)
-            if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
-                    and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
-                node.body = body[1:] or [ast.Pass()]
-        digest.update(_canonical(tree).encode())
+        for stmt in ast.parse(text).body:
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)) or _is_docstring(stmt):
+                continue
+            units.append(_canonical(_normalised(stmt)))
+    digest = hashlib.sha256()
+    for unit in sorted(units):  # a set of definitions: neither their file nor their order counts
+        digest.update(unit.encode() + b"\n")
     return digest.hexdigest()[:16]
+
+
+def _is_docstring(stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
+def _normalised(tree):
+    """`tree` without what a move of code changes: docstrings, the annotations of parameters and returns, and the
+    module paths of function-local imports (only the names imported stay)."""
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and _is_docstring(body[0]):
+            node.body = body[1:] or [ast.Pass()]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.returns = None
+        if isinstance(node, ast.arg):
+            node.annotation = None
+        if isinstance(node, ast.ImportFrom):
+            node.module, node.level = None, 0
+    return tree
 
 
 def code_version_at(rev: str, space: str) -> str:

@@ -13,17 +13,17 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..weight_layout import stored_shape
 from ..kernel_spec import supports_k
+from ..knobs import DEFAULT_DECODE, DecodeKnobs, direct_bound
+from ..knobs import DEFAULT_TILES
+from ..weight_layout import stored_shape
+from . import cpu_gemm
 from .gemv import PREFILL_KNOBS, TILE_TOKENS, tensor_core_kernels
 from .gemv_k import gemv_k_body
-from ..knobs import DEFAULT_DECODE, DecodeKnobs, direct_bound
-from . import cpu_gemm
 from .tile_gemm import many_token_kernels, tile_k_body
-from ..knobs import DEFAULT_TILES
-from .wgmma_k import wgmma_k_body
 from .tiles import TileConfig, cpu_default_tile, cpu_kernels, tile_config, tile_dims
 from .weights import check_layout, weight_loader
+from .wgmma_k import wgmma_k_body
 
 
 def gemm_k(groups: int, group_size: int, n_dim: int, dtype: str, w_layout: str,

@@ -11,17 +11,17 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..weight_layout import stored_shape
 from ..kernel_spec import supports_mn
+from ..knobs import DEFAULT_DECODE, DecodeKnobs, direct_bound
+from ..knobs import DEFAULT_TILES
+from ..weight_layout import stored_shape
+from . import cpu_gemm
 from .gemv import PREFILL_KNOBS, TILE_TOKENS, tensor_core_kernels
 from .gemv_mn import gemv_mn_body
-from ..knobs import DEFAULT_DECODE, DecodeKnobs, direct_bound
-from . import cpu_gemm
 from .tile_gemm import many_token_kernels, tile_mn_body
-from ..knobs import DEFAULT_TILES
-from .wgmma_mn import wgmma_mn_body
 from .tiles import TileConfig, cpu_default_tile, cpu_kernels, tile_config, tile_dims
 from .weights import check_layout, weight_loader
+from .wgmma_mn import wgmma_mn_body
 
 
 def gemm_mn(groups: int, group_size: int, k_dim: int, dtype: str, w_layout: str, swiglu: bool,

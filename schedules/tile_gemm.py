@@ -23,7 +23,7 @@ from math import gcd
 
 from tvm.script import tirx as T
 
-from ..knobs import TILE_BUCKETS, TileKnobs, check_tile_knobs
+from ..knobs import TILE_BUCKETS, SmemTile
 from .gemv import CHUNK, ROWS, a_fragment, bit_words, token_runs, used_groups
 
 WARPS = 8  # warps per block: WR along the channels x WT along the tokens
@@ -32,7 +32,7 @@ THREADS = 32 * WARPS
 
 def many_token_kernels(knobs: tuple, gemv_tiles, make_tiles, make_wgmma) -> list:
     """[(bound, body), ..., (None, body)] for the token buckets past the direct kernels: gemv_tiles() builds the
-    sorted 64-token gemv body, make_tiles(TileKnobs) the mma.sync tile GEMM body, make_wgmma(TileKnobs) the
+    sorted 64-token gemv body, make_tiles(SmemTile) the mma.sync tile GEMM body, make_wgmma(WgmmaMN / WgmmaK) the
     wgmma one (schedules/wgmma_mn.py, wgmma_k.py); equal knobs share one body."""
     make = {"gemv": lambda _: gemv_tiles(), "smem": make_tiles, "wgmma": make_wgmma}
     if len(knobs) != len(TILE_BUCKETS) + 1:
@@ -45,10 +45,10 @@ def many_token_kernels(knobs: tuple, gemv_tiles, make_tiles, make_wgmma) -> list
     return [(bound, bodies[k]) for bound, k in zip(TILE_BUCKETS + (None,), knobs)]
 
 
-def _warp_grid(row_tiles: int, knobs: TileKnobs) -> tuple[int, int, int]:
+def _warp_grid(row_tiles: int, knobs: SmemTile) -> tuple[int, int, int]:
     """(row tiles per warp, warps along the channels, warps along the tokens) for `row_tiles` 16-channel tiles
     that a block may share activations over."""
-    check_tile_knobs(knobs)
+    knobs.validate()
     rt = knobs.rows if row_tiles % knobs.rows == 0 else 1
     wr = gcd(row_tiles // rt, WARPS)
     return rt, wr, WARPS // wr
@@ -94,7 +94,7 @@ def copies_per_thread(tokens: int) -> int:
     return tokens * 4 // THREADS
 
 
-def k_loop(knobs: TileKnobs, nw: int, rt: int, nt: int, tw: int, issue, load_w):
+def k_loop(knobs: SmemTile, nw: int, rt: int, nt: int, tw: int, issue, load_w):
     """Macro (xs, wbuf, breg, af, bf, acc, nsteps, wt, lane, *args): the K loop of a tile kernel, with its
     kernel's `issue(step, nsteps, xs, *args)` (cp.async one activation stage into the ring xs, or an empty group
     past the last) and `load_w(wbuf, step, slot, *args)` (one chunk of this warp's weights into register slot
@@ -135,7 +135,7 @@ def k_loop(knobs: TileKnobs, nw: int, rt: int, nt: int, tw: int, issue, load_w):
     return run
 
 
-def tile_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs: TileKnobs = TileKnobs()):
+def tile_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs: SmemTile = SmemTile()):
     """Macro (x, wg, wu, mask, counts, order, used, out, n): out [n, G * gs] of x [n, K] and W in the "tc"
     layout [N / 16, 16 K] (gate and up with SwiGLU), walking each group's tokens in the reorder's order."""
     G, gs, K = groups, group_size, k_dim
@@ -230,7 +230,7 @@ def tile_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs: 
     return body
 
 
-def tile_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = TileKnobs()):
+def tile_k_body(groups: int, group_size: int, n_dim: int, knobs: SmemTile = SmemTile()):
     """Macro (a, w, mask, used, out, n): out [n, N] = sum over the groups g a token runs of a[t, g's K slice] @
     W[:, g's K slice]^T, W in the "tc" layout [N / 16, 16 K] (K = G * gs)."""
     G, gs, N = groups, group_size, n_dim

@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from ..knobs import TileConfig
 from .dispatch import token_dispatch
-
-
-@dataclass(frozen=True)
-class TileConfig:
-    """BM: sorted tokens per tile (the unit of block-level skipping); BN: output columns per tile."""
-
-    bm: int
-    bn: int
 
 
 def _largest_divisor(n: int, cap: int) -> int:

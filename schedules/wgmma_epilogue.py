@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
-from ..knobs import TileKnobs
+from ..knobs import WgmmaKnobs
 from .wgmma_ring import Ring
 
 
@@ -33,7 +33,7 @@ def acc_col(j, tid, e):
     return j * 8 + tid % 4 * 2 + e % 2
 
 
-def staged_tile_store(knobs: TileKnobs, nb: int, ring: Ring, cols: int | None = None, value=None, out_row=None):
+def staged_tile_store(knobs: WgmmaKnobs, nb: int, ring: Ring, cols: int | None = None, value=None, out_row=None):
     """Macro (xs, base, acc, tid, out, row0, col0, n, *rows): the block's fp16 tile (`tokens` rows x `cols` columns,
     nb by default, of value(acc, j, e): the fp32 of accumulator column acc_col(j, tid, e), acc[4 j + e] by
     default) into out[out_row(row0 + r, *rows) (row0 + r by default), col0 + c] for rows with row0 + r < n, through

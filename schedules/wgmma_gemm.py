@@ -15,7 +15,7 @@ The kernels are composed like ThunderKittens' H100 matmul, one module a part:
   launches (zeros of skipped (token, group) pairs, sums of K-split partials in a fixed order: deterministic).
 * `wgmma_mn.py` / `wgmma_k.py`: the two GEMMs composed from those parts.
 
-Knobs (schedules/tile_gemm.py: TileKnobs, `kernel="wgmma"`): `tokens` per block, `rows` (wgmma N / 64), ring
+Knobs (wide_tvm/knobs.py: WgmmaMN, WgmmaK): `tokens` per block, `rows` (wgmma N / 64), ring
 `stages`, `ksplit`, `producer` warps, `persistent` blocks, `swap` (gemm_mn: weight rows as wgmma's M, a tile's tokens
 its N in 8s), `l2` (gemm_mn: L2 prefetch bytes of the weight copies), `tail` (gemm_mn: most blocks a last-wave tile's
 K is split over), `order` (gemm_k of <= 8 groups: tokens ordered by mask pattern, schedules/token_order.py),

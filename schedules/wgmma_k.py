@@ -13,23 +13,22 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
+from ..kernel_spec import KernelSpec
+from ..knobs import KSTEP, WgmmaK
 from .gemv import ROWS, bit_words, token_runs, used_groups
-from ..knobs import TileKnobs
 from .token_order import hist_size, pattern_order
 from .wgmma_epilogue import acc_col, acc_row, staged_tile_store, sum_k_partials
-from ..knobs import WGMMA_TILES, check_wgmma_shape
 from .wgmma_ring import ring_bytes, ring_layout, ring_ptr, tc_vector, weight_tensor_map, wgmma_mainloop
-from ..knobs import KSTEP
 from .wgmma_stream_k import gemm_k_splits, stream_k_body
 
 
-def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WGMMA_TILES):
+def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: WgmmaK = WgmmaK()):
     """Macro (a, w, mask, used, out, n): out [n, N] = sum over the groups g a token runs of a[t, g's K slice] @
     W[:, g's K slice]^T, W in the "tc" layout [N / 16, 16 K] (K = G * gs). Split over blocks (gemm_k_splits: the
     knob's ksplit, more where few token tiles leave SMs idle), the blocks of a tile share its listed K steps and
     write fp32 partials, which a second launch sums in split order (deterministic)."""
     G, gs, N = groups, group_size, n_dim
-    check_wgmma_shape(gs, N, knobs, groups=G)
+    knobs.validate(KernelSpec("gemm_k", G, gs, N, "float16", "tc"))
     BT, S = knobs.tokens, knobs.stages
     NB = 64 * knobs.rows
     ring = ring_layout(knobs, NB)
@@ -50,7 +49,7 @@ def wgmma_k_body(groups: int, group_size: int, n_dim: int, knobs: TileKnobs = WG
     ahead = not knobs.producer and (gs % KSTEP == 0 or BT == 128)
     # tiles of tokens ordered by mask pattern (knob order): two launches in front sort them (schedules/token_order.py);
     # a copier keeps its rows' tokens in registers past lookahead's entries, the store writes rows to their tokens
-    ordered = bool(knobs.order)  # (check_wgmma_shape: only with lookahead, for at most MAX_GROUPS groups)
+    ordered = bool(knobs.order)  # (WgmmaK.validate: only with lookahead, for at most MAX_GROUPS groups)
 
     def nn(n):
         return T.Cast("int32", n)

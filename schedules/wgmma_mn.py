@@ -14,23 +14,22 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
+from ..kernel_spec import KernelSpec
+from ..knobs import KSTEP, SORT_TOKENS, WgmmaMN, wgmma_n
 from .gemv import ROWS
-from ..knobs import TileKnobs
 from .warp_ops import ballot, lanes_below, plus, popc
 from .wgmma_epilogue import acc_col, acc_row, silu_mul, staged_tile_store, sum_mn_splits, zero_skipped
-from ..knobs import SORT_TOKENS, WGMMA_TILES, check_wgmma_shape, wgmma_n
 from .wgmma_ring import ring_bytes, ring_layout, ring_ptr, specialised_stages, tc_vector, wgmma_mainloop
-from ..knobs import KSTEP
 from .wgmma_tiles import TAIL_HEADER, persistent_mn_body, sum_tail, tail_blocks, tail_pass
 
 
-def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs: TileKnobs = WGMMA_TILES):
+def wgmma_mn_body(groups: int, group_size: int, k_dim: int, swiglu: bool, knobs: WgmmaMN = WgmmaMN()):
     """Macro (x, wg, wu, mask, counts, order, used, out, n): out [n, G * gs] of x [n, K] and W in the "tc" layout
     [N / 16, 16 K] (gate and up with SwiGLU), walking each group's tokens in the reorder's order; on the per-tile
     grid up to SORT_TOKENS tokens each block sorts its group's tokens itself and reads no reorder (the order is
     the same: active tokens ascending, then inactive ones)."""
     G, gs, K = groups, group_size, k_dim
-    check_wgmma_shape(gs, K, knobs, swiglu)
+    knobs.validate(KernelSpec("gemm_mn_swiglu" if swiglu else "gemm_mn", G, gs, K, "float16", "tc"))
     BT, SW = knobs.tokens, bool(knobs.swap)
     NB, BN = wgmma_n(gs, swiglu, knobs)  # weight rows (wgmma N; swapped: its M, a warpgroup per 64), channels
     ring = ring_layout(knobs, NB)

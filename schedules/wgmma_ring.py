@@ -19,8 +19,8 @@ from typing import NamedTuple
 from tvm.script import tirx as T
 
 from ..knobs import KSTEP
+from ..knobs import WgmmaKnobs
 from .gemv import ROWS
-from ..knobs import TileKnobs
 
 
 SWIZZLE_128B, SWIZZLE_64B = 3, 2  # swizzle codes (CUtensorMapSwizzle) of the wgmma descriptors and the TMA
@@ -64,7 +64,7 @@ class Ring(NamedTuple):
         return self.threads - self.copiers
 
 
-def ring_layout(knobs: TileKnobs, nb: int) -> Ring:
+def ring_layout(knobs: WgmmaKnobs, nb: int) -> Ring:
     """The block layout of a wgmma GEMM with `nb` weight rows (wgmma N; swapped: M, a warpgroup per 64)."""
     consumers = 128 * (nb // 64 if knobs.swap else knobs.tokens // 64)
     threads = consumers + 32 * knobs.producer
@@ -123,7 +123,7 @@ def _wgmma_step(acc, nb: int, desc, s, S: int, stage: int, b_halves: bool = Fals
     return step
 
 
-def wgmma_mainloop(knobs: TileKnobs, nb: int, issue, landed=None, lookahead=None, active=None):
+def wgmma_mainloop(knobs: WgmmaKnobs, nb: int, issue, landed=None, lookahead=None, active=None):
     """Macro (xs, base, desc, acc, nsteps, tid, *args): zero acc, then the K loop over `nsteps` steps with the
     kernel's `issue(step, slot, nsteps, xs, base, *args)` (cp.async one step's activation and weight tiles into
     ring slot `slot`, or an empty group past the last). xs: the dynamic shared ring; base: a local int32 [1] for its
@@ -196,7 +196,7 @@ def _aligned_start(xs):
     return T.Cast("int32", (ALIGN - T.cuda.cvta_generic_to_shared(xs.ptr_to([0])) % ALIGN) % ALIGN)
 
 
-def _specialised_mainloop(knobs: TileKnobs, nb: int, issue, active=None):
+def _specialised_mainloop(knobs: WgmmaKnobs, nb: int, issue, active=None):
     """The K loop with producer warps (one tile): `specialised_stages` with the tile's steps numbered from 0."""
     init, produce, consume = specialised_stages(knobs, nb, issue, active)
     ring = ring_layout(knobs, nb)
@@ -214,7 +214,7 @@ def _specialised_mainloop(knobs: TileKnobs, nb: int, issue, active=None):
     return run
 
 
-def specialised_stages(knobs: TileKnobs, nb: int, issue, active=None):
+def specialised_stages(knobs: WgmmaKnobs, nb: int, issue, active=None):
     """Macros (init, produce, consume) of a warp-specialised K loop. The producer warps fill ring slot i % S (i:
     the block's running step count, so a persistent block's tiles continue one ring) once the warpgroups have
     released it, and mark it full with cp.async.mbarrier.arrive (it completes when their copies land); the
@@ -287,7 +287,7 @@ def specialised_stages(knobs: TileKnobs, nb: int, issue, active=None):
     return init, produce, consume
 
 
-def ring_bytes(knobs: TileKnobs, nb: int) -> int:
+def ring_bytes(knobs: WgmmaKnobs, nb: int) -> int:
     """Dynamic shared memory of one block: the ring (and its mbarriers, with producer warps) plus the alignment
     slack."""
     return knobs.stages * (ring_layout(knobs, nb).stage + (2 * MBARRIER_BYTES if knobs.producer else 0)) + ALIGN

@@ -16,15 +16,15 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
+from ..knobs import KSTEP
+from ..knobs import WgmmaK
 from .gemv import bit_words, used_groups
-from ..knobs import TileKnobs
 from .wgmma_epilogue import acc_col, acc_row
 from .wgmma_gemm import MAX_KSPLIT, MIN_SPLIT_STEPS, SM_SHARED_BYTES, WAVE_SMS
 from .wgmma_ring import Ring, ring_bytes, weight_tensor_map
-from ..knobs import KSTEP
 
 
-def gemm_k_splits(tiles, col_blocks: int, k_steps: int, knobs: TileKnobs):
+def gemm_k_splits(tiles, col_blocks: int, k_steps: int, knobs: WgmmaK):
     """Blocks splitting gemm_k's K for `tiles` token tiles (an int, or the kernel's int32 PrimExpr) of a GEMM of
     `k_steps` K steps: the knob's split, raised while tiles x col_blocks x splits blocks still run in one wave, so
     that a bucket's smaller counts (129-256 tokens of the <= 512 bucket: 2 token tiles) still fill the GPU; raised
@@ -113,7 +113,7 @@ def stream_k_segment(j, rest_tiles, parts, k_steps: int) -> tuple:
     return j % rest_tiles, k_steps * p // parts, k_steps * (p + 1) // parts
 
 
-def stream_k_body(knobs: TileKnobs, G: int, gs: int, N: int, KS: int, ring: Ring, run, staged_store, steps, tma: bool,
+def stream_k_body(knobs: WgmmaK, G: int, gs: int, N: int, KS: int, ring: Ring, run, staged_store, steps, tma: bool,
                    ahead: bool, PRE: int, BITS: int, tmap):
     """The wgmma gemm_k on a persistent grid of P = `knobs.persistent` blocks (data-parallel waves, then stream-K):
     of the W tiles (token tiles x column blocks, token tile fastest, KS K steps each with every group listed), block b

@@ -16,12 +16,12 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..knobs import TileKnobs
+from ..knobs import KSTEP
+from ..knobs import WgmmaMN
 from .warp_ops import block_scan
 from .wgmma_epilogue import UNIT_THREADS, acc_col, acc_row, silu_mul
 from .wgmma_gemm import SM_SHARED_BYTES, WAVE_SMS
 from .wgmma_ring import Ring, encode_descriptors, ring_bytes, ring_layout
-from ..knobs import KSTEP
 
 
 TAIL_HEADER = 2  # ints before a split tail's per-tile entries: its tiles (0: none split), their shares
@@ -42,12 +42,12 @@ def tail_share_steps(share, shares, steps: int) -> tuple:
     return steps * share // shares, steps * (share + 1) // shares - steps * share // shares
 
 
-def tail_blocks(knobs: TileKnobs, nb: int) -> int:
+def tail_blocks(knobs: WgmmaMN, nb: int) -> int:
     """Blocks of the per-tile gemm_mn resident at once (a wave): the H200's SMs x blocks an SM by the ring."""
     return WAVE_SMS * max(1, SM_SHARED_BYTES // (ring_bytes(knobs, nb) + 2048))
 
 
-def tail_pass(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: int, ring: Ring, run, copy_rows,
+def tail_pass(G: int, gs: int, K: int, knobs: WgmmaMN, NB: int, BN: int, ring: Ring, run, copy_rows,
                staged_store, chan0):
     """The per-tile gemm_mn past SORT_TOKENS (reading the reorder's order) with its last wave split in K (knob
     tail). With P blocks resident at once, the T existing tiles (numbered in launch order, _tile_numbering's) run
@@ -274,7 +274,7 @@ def _tile_numbering(G: int, BT: int, BPG: int, THREADS: int):
     return tile_prefix, decode
 
 
-def persistent_mn_body(G: int, gs: int, K: int, knobs: TileKnobs, NB: int, BN: int, stages, copy_rows, store):
+def persistent_mn_body(G: int, gs: int, K: int, knobs: WgmmaMN, NB: int, BN: int, stages, copy_rows, store):
     """wgmma_mn_body on a persistent grid of knobs.persistent blocks (producer warps required). The tiles that exist
     (per group, ceil(count / BT) token tiles x the group's column blocks) are numbered in the order the
     per-tile grid would run them; block b takes tiles b, b + P, ... and one ring runs through all of them, so the

@@ -75,14 +75,13 @@ def test_dependent_launch_waits_first_in_every_kernel(tmp_path):
     """Every kernel of a gated PrimFunc launched as a programmatic dependent waits for the kernel before it ahead
     of any other statement: the decode kernels with their split sum, the wgmma tiles with theirs, the reorder."""
     from wide_tvm.schedules.dependent_launch import LAUNCH_PARAMS, PDL, dependent_launch
-    from wide_tvm.knobs import GemvKnobs
-    from wide_tvm.knobs import tile_knob
+    from wide_tvm.knobs import GemvKnobs, WgmmaK
     from wide_tvm.targets import launches_dependents, parse_target
 
     assert [launches_dependents(parse_target(t)) for t in ("cuda", "cuda:sm_80", "cuda:sm_100", "llvm")] == \
         [True, False, True, False]
     split = (GemvKnobs(8, 2, 2, 0, 1, 4),) + (GemvKnobs(),) * 4  # 1 token: four blocks split K, then a sum
-    tiles = (tile_knob(["wgmma", 128, 2, 6, 4]),) * 3
+    tiles = (WgmmaK(rows=2, stages=6, ksplit=4),) * 3
     funcs = {"k": dependent_launch(gemm_k(112, 128, 4096, "float16", "tc", "cuda", split, tiles)),
              "reorder": dependent_launch(mask_reorder(112, "cuda"))}
     assert list(funcs["k"].attrs[LAUNCH_PARAMS]) == [PDL]
@@ -104,13 +103,12 @@ def test_wgmma_kernels_are_built_for_one_block_per_sm():
     `__launch_bounds__(threads, 1)` (ptxas's register budget then no longer follows the kernel's parameter order,
     schedules/launch_bounds.py), and every kernel still waits first as a programmatic dependent."""
 
-    from wide_tvm.knobs import GemvKnobs
+    from wide_tvm.knobs import GemvKnobs, WgmmaK
     from wide_tvm.schedules.launch_bounds import as_built, one_block_per_sm
-    from wide_tvm.knobs import tile_knob
     from wide_tvm.targets import parse_target
 
     split = (GemvKnobs(8, 2, 2, 0, 1, 4),) + (GemvKnobs(),) * 4
-    tiles = (tile_knob(["wgmma", 64, 2, 4, 4]), tile_knob(["wgmma", 128, 2, 6]), tile_knob(["wgmma", 128, 2, 6]))
+    tiles = (WgmmaK(64, 2, 4, ksplit=4), WgmmaK(rows=2, stages=6), WgmmaK(rows=2, stages=6))
     funcs = {"k": as_built(gemm_k(112, 128, 4096, "float16", "tc", "cuda", split, tiles), True),
              "reorder": as_built(mask_reorder(112, "cuda"), True)}
     target = parse_target("cuda")
@@ -188,11 +186,11 @@ def test_tile_kernels_build_for_every_knob(which):
     along the tokens), several blocks per group (group 512), gemm_k's row tiles; the activation copies carry a
     src-size operand (rows that skip the group are zero-filled, not read). Bad knobs are refused by name."""
     from wide_tvm.schedules.tile_gemm import _warp_grid
-    from wide_tvm.knobs import GEMV_TILES, TileKnobs
+    from wide_tvm.knobs import GEMV_TILES, SmemTile
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     funcs = {}
-    for i, one in [(which, TileKnobs(*TILE_SETS[which]))]:
+    for i, one in [(which, SmemTile(*TILE_SETS[which]))]:
         kn = (one,) * 3
         funcs[f"mn{i}"] = gemm_mn(4, 16, 96, "float16", "tc", True, "cuda", tile_knobs=kn)
         funcs[f"q{i}"] = gemm_mn(2, 512, 64, "float16", "tc", False, "cuda", tile_knobs=kn)
@@ -203,13 +201,13 @@ def test_tile_kernels_build_for_every_knob(which):
     assert "cp.async.cg.shared.global [%0], [%1], 16, %2;" in src
     assert src.count("__global__ void __launch_bounds__(256)") == 2 * len(funcs)  # one 8-warp tile kernel each
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
-    assert _warp_grid(8, TileKnobs(rows=2)) == (2, 4, 2)  # group 128: 4 warps x 2 row tiles, 2 warps on tokens
-    assert _warp_grid(1, TileKnobs(rows=2)) == (1, 1, 8)  # group 16: one row tile, every warp on the tokens
-    assert _warp_grid(256, TileKnobs(rows=3)) == (1, 8, 1)  # rows that do not divide the row tiles: 1
+    assert _warp_grid(8, SmemTile(rows=2)) == (2, 4, 2)  # group 128: 4 warps x 2 row tiles, 2 warps on tokens
+    assert _warp_grid(1, SmemTile(rows=2)) == (1, 1, 8)  # group 16: one row tile, every warp on the tokens
+    assert _warp_grid(256, SmemTile(rows=3)) == (1, 8, 1)  # rows that do not divide the row tiles: 1
     with pytest.raises(ValueError, match="tokens must be a multiple of 64"):
-        gemm_k(6, 32, 64, "float16", "tc", "cuda", tile_knobs=(TileKnobs(96),) * 3)
+        gemm_k(6, 32, 64, "float16", "tc", "cuda", tile_knobs=(SmemTile(96),) * 3)
     with pytest.raises(ValueError, match="tile knobs for 2 token buckets"):
-        gemm_k(6, 32, 64, "float16", "tc", "cuda", tile_knobs=(GEMV_TILES, TileKnobs()))
+        gemm_k(6, 32, 64, "float16", "tc", "cuda", tile_knobs=(GEMV_TILES, SmemTile()))
 
 
 def test_decode_kernels_are_only_for_fp16_tiles():

@@ -19,6 +19,7 @@ from tvm.s_tir import meta_schedule as ms  # noqa: E402
 from wide_tvm import kernel_spec  # noqa: E402
 from wide_tvm.tuning import database  # noqa: E402
 from wide_tvm.kernel_reference import ref_gemm_k, ref_gemm_mn, rel_err  # noqa: E402
+from wide_tvm.knobs import GEMV_TILES, WgmmaMN, tile_knob  # noqa: E402
 from wide_tvm.tuning.database import database_entries, measured, open_database  # noqa: E402
 from wide_tvm.schedules import code_version as cv  # noqa: E402
 from wide_tvm.tuning import runner as kr  # noqa: E402
@@ -111,13 +112,13 @@ def test_cuda_tasks_cover_the_direct_and_many_token_kernels():
     assert [(t.space, t.tokens) for t in tasks] == [("decode", 1), ("decode", 8), ("decode", 16), ("decode", 32),
                                                     ("tile", 128), ("tile", 512), ("tile", 4096)]
     assert set(tasks[0].choices()) == {"warps", "unroll", "stages", "row_warps", "ksplit"}  # each knob on its own
-    assert TILE_VARIANTS == tasks[-1].choices()["variant"][:len(TILE_VARIANTS)]
-    assert any(v[0] == "wgmma" for v in tasks[-1].choices()["variant"])
+    assert tasks[-1].choices()["variant"][:len(TILE_VARIANTS)] == tuple(tile_knob(v, "gemm_k") for v in TILE_VARIANTS)
+    assert any(v.kernel == "wgmma" for v in tasks[-1].choices()["variant"])
     down = specs[kernel_spec.kernel_key("gemm_k", 112, 128, 4096, "float16")]
     down_tasks = ks.kernel_tasks(down.kind, down.groups, down.group_size, down.dim, down.dtype, down.layout, "cuda")
     assert [t.tokens for t in down_tasks if t.space == "decode"] == [1, 8, 16, 32, 64]
     assert down_tasks[0].choices() == ks.DECODE_CHOICES and down_tasks[0].size() == 864  # + gemm_k's rows
-    assert all(v[0] != "wgmma" for v in down_tasks[-1].choices()["variant"])  # no sm_90a, no wgmma candidates
+    assert all(v.kernel != "wgmma" for v in down_tasks[-1].choices()["variant"])  # no sm_90a, no wgmma candidates
     sig = dict((n, (s, d)) for n, s, d in ks.signature(tasks[-1]))
     assert sig["wg"] == ((14336 // 16, 16 * 4096), "float16") and sig["order"] == ((112, 4096), "int32")
     assert ks.tag_task(sig["task"][0][0]) == ("gemm_mn_swiglu", "tc")
@@ -132,7 +133,7 @@ def test_cuda_candidates_build_from_the_template():
     for space, decisions, kind in (("decode", decode, "gemm_k"), ("tile", None, "gemm_mn_swiglu")):
         task = ks.KnobTask(kind, 4, 64, 128, "float16", "tc", space, 1 if space == "decode" else 2, wgmma=True)
         if decisions is None:  # the first wgmma candidate
-            decisions = {"variant": next(i for i, v in enumerate(task.choices()["variant"]) if v[0] == "wgmma")}
+            decisions = {"variant": next(i for i, v in enumerate(task.choices()["variant"]) if v.kernel == "wgmma")}
         sch = ks.scheduled(task, decisions)
         lib = kr.build_candidate(sch.mod, target)
         assert [m.kind for m in lib.imports] == ["cuda"]
@@ -223,9 +224,12 @@ def test_incumbent_is_what_the_kernel_runs_without_the_database():
     assert ks.incumbent(dec, {"decode": [[64, 1]] * 5}) is None  # not a candidate of the space
     tile = ks.KnobTask("gemm_k", 112, 128, 4096, "float16", "tc", "tile", 0, wgmma=True)
     assert ks.incumbent(tile, None) == {"variant": TILE_VARIANTS.index(("gemv",))}  # the first bucket's default
+    assert tile.choices()["variant"][TILE_VARIANTS.index(("gemv",))] == GEMV_TILES
     wg = ks.KnobTask("gemm_mn_swiglu", 112, 128, 4096, "float16", "tc", "tile", 2, wgmma=True)
     pick = {"tiles": [["gemv"], [128, 1, 3, 1], ["wgmma", 128, 4, 4, 1, 4]]}
-    assert wg.choices()["variant"][ks.incumbent(wg, pick)["variant"]] == ("wgmma", 128, 4, 4, 1, 4)
+    assert wg.choices()["variant"][ks.incumbent(wg, pick)["variant"]] == WgmmaMN(producer=4)
+    named = {"tiles": [None, None, WgmmaMN(producer=4).to_json()]}  # the named form picks the same candidate
+    assert ks.incumbent(wg, named) == ks.incumbent(wg, pick)
 
 
 @pytest.mark.slow
@@ -334,6 +338,21 @@ def test_code_version_ignores_docs_and_python_version_details():
         tree.body[0].body = tree.body[0].body[1:]  # what code_version drops
     assert cv._canonical(a) == cv._canonical(b) != cv._canonical(ast.parse("def f(x):\n    return x + 2\n"))
     assert len({cv.code_version(s) for s in cv.SPACE_SOURCES}) == 3
+
+
+def test_code_version_does_not_change_when_code_moves():
+    """A pure move (a definition into another module, definitions re-ordered, imports rewritten, annotations
+    renamed) keeps the hash, so it stales no tuning record; a changed body or a renamed definition changes it."""
+    one = ("from .a import x\nK = 64\n\n\ndef f(knobs: TileKnobs, n) -> int:\n    from ..knobs import rule\n"
+           "    return rule(knobs) + n * K\n\n\ndef g(n):\n    return f(None, n)\n")
+    # f moved to a module of its own, after g, with other imports and annotations
+    two = ["from .b import x\nimport os\n\n\ndef g(n):\n    return f(None, n)\n",
+           '"""The f module."""\nfrom ...wide_tvm.knobs import TileKnobs\nK = 64\n\n\n'
+           "def f(knobs: WgmmaMN, n):\n    from ...wide_tvm.knobs import rule\n    return rule(knobs) + n * K\n"]
+    assert cv._digest([one]) == cv._digest(two)
+    assert cv._digest([one]) != cv._digest([one.replace("n * K", "n * K + 1")])
+    assert cv._digest([one]) != cv._digest([one.replace("def g", "def h")])
+    assert cv._digest([one]) != cv._digest([one.replace("import rule", "import other as rule")])
 
 
 def _restamp_tool():

@@ -167,15 +167,15 @@ def test_wide_tune_from_gpu_sweep(tmp_path):
     out = str(tmp_path / "cuda")
     assert tune_main(["--target", "cuda", "--from-sweep", str(tmp_path / "sweep.json"), "--out", out]) == 0
     entries = database.load(out)
+    named = {"warps": 8, "unroll": 2, "rows": 1, "stages": 0, "row_warps": 1, "ksplit": 1}  # knobs by field name
     assert entries[kernel_spec.kernel_key("gemm_mn_swiglu", 112, 128, 4096, "float16")]["decode"] == [
-        [8, 4, 1, 0, 1, 1]] + [[8, 2, 1, 0, 1, 1]] * 4
+        named | {"unroll": 4}] + [named] * 4
     down = entries[kernel_spec.kernel_key("gemm_k", 112, 128, 4096, "float16")]
-    assert down["decode"] == [[8, 4, 2, 0, 1, 1]] + [[8, 2, 2, 0, 1, 1]] * 4
+    assert down["decode"] == [named | {"unroll": 4, "rows": 2}] + [named | {"rows": 2}] * 4
     assert down["timed_at_tokens"] == [[1], [4, 8], [16], [32], [64]]
     assert "tiles" not in down
     from wide_tvm.passes.lower_gated import _State, _tuned
-    from wide_tvm.knobs import GemvKnobs
-    from wide_tvm.knobs import TileKnobs
+    from wide_tvm.knobs import GEMV_TILES, GemvKnobs, SmemTile, tile_knob
 
     # a second sweep of the many-token kernels alone adds their picks (per bucket) to the first one's decode picks
     picks = {"tiles128": ["gemv"], "tiles512": [64, 2, 4, 2], "tiles": [128, 1, 4, 2]}
@@ -186,10 +186,11 @@ def test_wide_tune_from_gpu_sweep(tmp_path):
                       "--out", out]) == 0
     entries = database.load(out)
     down = entries[kernel_spec.kernel_key("gemm_k", 112, 128, 4096, "float16")]
-    assert down["tiles"] == list(picks.values()) and down["tiles_us"] == [900.0] * 3
+    assert down["tiles"] == [tile_knob(v, "gemm_k").to_json() for v in picks.values()] and down["tiles_us"] == [900.0] * 3
+    assert down["tiles"][1] == {"kernel": "smem", "tokens": 64, "rows": 2, "stages": 4, "prefetch": 2}
     assert _tuned(_State("cuda", {}, None, entries), "gemm_k", 112, 128, 4096, "float16") == {
         "decode_knobs": (GemvKnobs(8, 4, 2),) + (GemvKnobs(8, 2, 2),) * 4,
-        "tile_knobs": (TileKnobs(kernel="gemv"), TileKnobs(64, 2, 4, 2), TileKnobs(128, 1, 4, 2))}
+        "tile_knobs": (GEMV_TILES, SmemTile(64, 2, 4, 2), SmemTile(128, 1, 4, 2))}
 
 
 def test_wide_tune_errors(exported, tmp_path, capsys):
@@ -265,7 +266,6 @@ def test_sweep_candidates_per_bucket():
     knobs' own names (wide_tvm/knobs.py, which the GPU host imports without TVM)."""
     from wide_tvm.bench.workloads import (K_VARIANTS, LLAMA_8B, STREAM_K_VARIANTS, TILE_VARIANTS, WGMMA_VARIANTS,
                                           swept_variants, tile_name, variant_name, variants, wgmma_fits)
-    from wide_tvm.knobs import tile_knob
 
     down = next(w for w in LLAMA_8B if w.kind == "gemm_k")
     assert variants(down, 64) == K_VARIANTS  # the direct kernels; past them the tile kernels (wgmma on sm_90a)
@@ -275,9 +275,9 @@ def test_sweep_candidates_per_bucket():
     assert variants(down, 65, False) == TILE_VARIANTS
     for w in LLAMA_8B:
         assert all(wgmma_fits(w, v) == (w.kind == "gemm_k") for v in STREAM_K_VARIANTS), w.name
-        ordered = [v for v in WGMMA_VARIANTS if tile_knob(v).order]
+        ordered = [v for v in WGMMA_VARIANTS if len(v) > 10 and v[10]]  # (the positional form's order field)
         assert all(wgmma_fits(w, v) == (w.kind == "gemm_k" and w.groups <= 8) for v in ordered), w.name
-    assert variant_name(down, 512, TILE_VARIANTS[1]) == "t128r1s3p1" and tile_name(TILE_VARIANTS[0]) == "gemv64"
+    assert variant_name(down, 512, TILE_VARIANTS[1]) == "t128r1s3p1" and tile_name(down, TILE_VARIANTS[0]) == "gemv64"
     assert variant_name(down, 16, K_VARIANTS[4]) == "w8u2r2"
     # what a `--sweep tiles` / `--sweep wgmma` build holds: nothing for the direct kernels' token counts
     assert swept_variants(down, 64, True, "tiles") == () == swept_variants(down, 64, True, "wgmma")

@@ -3,6 +3,7 @@ device code for every knob (nvcc, sm_90a). Their numerics are checked on the H20
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import shutil
@@ -18,115 +19,127 @@ import tvm  # noqa: E402
 
 from wide_tvm.errors import WideError  # noqa: E402
 from wide_tvm.schedules import gemm_k, gemm_mn  # noqa: E402
-from wide_tvm.knobs import DEFAULT_TILES, GEMV_TILES, TileKnobs, tile_knob, tile_knobs  # noqa: E402
-from wide_tvm.knobs import WGMMA_TILES, check_wgmma_shape, wgmma_n  # noqa: E402
+from wide_tvm.kernel_spec import KernelSpec  # noqa: E402
+from wide_tvm.knobs import (DEFAULT_TILES, GEMV_TILES, SmemTile, WgmmaK, WgmmaMN, tile_knob,  # noqa: E402
+                            tile_knobs, wgmma_n)
 from wide_tvm.schedules.wgmma_ring import ring_bytes, ring_layout  # noqa: E402
 from wide_tvm.targets import has_wgmma, parse_target, target_folder  # noqa: E402
 
+MN, K = "gemm_mn_swiglu", "gemm_k"
+
+
+def _spec(kind: str, group_size: int, dim: int = 4096, groups: int = 8) -> KernelSpec:
+    return KernelSpec(kind, groups, group_size, dim, "float16", "tc")
+
 
 def test_wgmma_knobs_parse_name_and_validate():
-    assert tile_knob(["wgmma", 128, 4, 4]) == WGMMA_TILES and WGMMA_TILES.name() == "wg128n256s4"
-    assert tile_knob(["wgmma", 64, 2, 5]).name() == "wg64n128s5"
-    assert tile_knob(["wgmma", 128, 2, 6, 4]) == TileKnobs(128, 2, 6, 1, "wgmma", 4)
-    assert tile_knob(["wgmma", 128, 2, 6, 4]).name() == "wg128n128s6k4"
-    assert tile_knob(["wgmma", 128, 4, 4, 1, 1]) == TileKnobs(128, 4, 4, 1, "wgmma", 1, 1)  # one producer warp
-    assert tile_knob(["wgmma", 128, 4, 4, 1, 1]).name() == "wg128n256s4p1"
-    assert tile_knob(["wgmma", 128, 2, 6, 4, 2]).name() == "wg128n128s6k4p2"
-    assert tile_knob(["wgmma", 128, 4, 4, 1, 4, 132]).name() == "wg128n256s4p4x132"  # a persistent grid of 132
-    assert tile_knob(["wgmma", 128, 4, 4, 1, 0, 132]).name() == "wg128n256s4x132"  # ... gemm_k's: stream-K
-    # swapped operands: any multiple of 8 tokens a tile (wgmma N)
-    assert tile_knob(["wgmma", 80, 2, 8, 1, 0, 0, 1]) == TileKnobs(80, 2, 8, 1, "wgmma", 1, 0, 0, 1)
-    assert tile_knob(["wgmma", 80, 2, 8, 1, 0, 0, 1]).name() == "wg80n128s8t"
-    assert tile_knob(["wgmma", 48, 2, 6, 4, 0, 0, 1]).name() == "wg48n128s6k4t"
-    # ... whose weight copies ask L2 for 256-byte prefetches
-    assert tile_knob(["wgmma", 80, 1, 6, 1, 0, 0, 1, 256]) == TileKnobs(80, 1, 6, 1, "wgmma", 1, 0, 0, 1, 256)
-    assert tile_knob(["wgmma", 80, 1, 6, 1, 0, 0, 1, 256]).name() == "wg80n64s6tl256"
-    # ... gemm_mn's last wave split in K over up to 8 blocks a tile (past 512 tokens)
-    assert tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8]) == TileKnobs(128, 4, 4, 1, "wgmma", 1, 4, tail=8)
-    assert tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8]).name() == "wg128n256s4p4w8"
-    # ... gemm_k's tiles over tokens ordered by mask pattern (O's 8 head groups, past 512 tokens)
-    assert tile_knob(["wgmma", 128, 2, 6, 2, 0, 0, 0, 0, 0, 1]) == TileKnobs(128, 2, 6, 1, "wgmma", 2, order=1)
-    assert tile_knob(["wgmma", 128, 2, 6, 2, 0, 0, 0, 0, 0, 1]).name() == "wg128n128s6k2o"
-    # ... gemm_mn's warpgroups whose rows are all past the group's count skipping their wgmmas
-    assert tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 0, 0, 1]) == TileKnobs(128, 4, 4, 1, "wgmma", 1, 4,
-                                                                                  mma_skip=1)
-    assert tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8, 0, 1]).name() == "wg128n256s4p4w8m"
-    for bad, why in ((["wgmma", 192, 4, 3], "tokens must be one of"), (["wgmma", 128, 5, 4], "rows 1..4"),
-                     (["wgmma", 128, 4, 2], "stages >= 3"), (["wgmma", 128, 4], "expected \\['wgmma'"),
-                     (["wgmma", 128, 4, 4, 0], "ksplit >= 1"), (["wgmma", 128, 4, 4, 1, 3], "producer warps one of"),
-                     (["wgmma", 128, 4, 4, 1, 4, 1], "persistent grid of 0 or at least 2 blocks"),
-                     ([128, 1, 3, 1, "smem", 2], "only the wgmma GEMMs"),
-                     ([128, 1, 3, 1, "smem", 1, 1], "only the wgmma GEMMs"),
-                     (["wgmma", 84, 2, 4, 1, 0, 0, 1], "tokens a multiple of 8 up to 256"),
-                     (["wgmma", 264, 2, 4, 1, 0, 0, 1], "tokens a multiple of 8 up to 256"),
-                     (["wgmma", 80, 2, 4, 1, 1, 0, 1], "no producer warps"),
-                     (["wgmma", 80, 4, 4, 1, 0, 0, 1], "rows 1..2"),
-                     (["wgmma", 80, 2, 4, 1, 0, 0, 2], "tokens a multiple of 8"),
-                     ([128, 1, 3, 1, "smem", 1, 0, 0, 1], "swapped operands"),
-                     (["wgmma", 80, 1, 6, 1, 0, 0, 1, 512], "an L2 prefetch is one of"),
-                     (["wgmma", 80, 1, 6, 1, 0, 0, 1, 256, 8, 1, 0, 0], "expected \\['wgmma'"),
-                     (["wgmma", 80, 1, 6, 1, 0, 0, 1, 0, 0, 0, 1], "MMA skip 1"),
-                     (["wgmma", 128, 4, 4, 1, 4, 132, 0, 0, 0, 0, 1], "MMA skip 1"),
-                     (["wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 0, 2], "MMA skip 1"),
-                     ([128, 1, 3, 1, "smem", 1, 0, 0, 0, 0, 0, 0, 1], "skip their wgmmas"),
-                     (["wgmma", 128, 4, 4, 1, 0, 132, 0, 0, 0, 1], "ordered by mask pattern"),
-                     (["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 0, 1], "ordered by mask pattern"),
-                     (["wgmma", 80, 1, 6, 1, 0, 0, 1, 0, 0, 1], "ordered by mask pattern"),
-                     (["wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 2], "ordered by mask pattern"),
-                     ([128, 1, 3, 1, "smem", 1, 0, 0, 0, 0, 0, 1], "a pattern order"),
-                     (["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 3], "a split tail wave"),
-                     (["wgmma", 128, 4, 4, 2, 4, 0, 0, 0, 8], "a split tail wave"),
-                     (["wgmma", 128, 4, 4, 1, 4, 132, 0, 0, 8], "a split tail wave"),
-                     (["wgmma", 80, 1, 6, 1, 0, 0, 1, 0, 8], "a split tail wave"),
-                     ([128, 1, 3, 1, "smem", 1, 0, 0, 0, 0, 8], "a split tail wave"),
-                     ([128, 1, 3, 1, "smem", 1, 0, 0, 0, 256], "an L2 prefetch size")):
+    """Each wgmma kernel kind has its own knob class, read from the named form or an older log's positional list
+    (the same knobs either way), named stably, and checked: knobs another kind has, or combinations a kernel cannot
+    build, are one clear ValueError."""
+    assert tile_knob(["wgmma", 128, 4, 4], MN) == WgmmaMN() and WgmmaMN().name() == "wg128n256s4"
+    assert tile_knob(["wgmma", 128, 4, 4], K) == WgmmaK() and WgmmaK().name() == "wg128n256s4"
+    named = {  # positional entry, kind -> the knobs and their name
+        (("wgmma", 64, 2, 5), K): (WgmmaK(64, 2, 5), "wg64n128s5"),
+        (("wgmma", 128, 2, 6, 4), K): (WgmmaK(rows=2, stages=6, ksplit=4), "wg128n128s6k4"),
+        (("wgmma", 128, 4, 4, 1, 1), MN): (WgmmaMN(producer=1), "wg128n256s4p1"),  # one producer warp
+        (("wgmma", 128, 2, 6, 4, 2), MN): (WgmmaMN(rows=2, stages=6, ksplit=4, producer=2), "wg128n128s6k4p2"),
+        (("wgmma", 128, 4, 4, 1, 4, 132), MN): (WgmmaMN(producer=4, persistent=132), "wg128n256s4p4x132"),
+        (("wgmma", 128, 4, 4, 1, 0, 132), K): (WgmmaK(persistent=132), "wg128n256s4x132"),  # stream-K
+        # swapped operands: any multiple of 8 tokens a tile (wgmma N)
+        (("wgmma", 80, 2, 8, 1, 0, 0, 1), MN): (WgmmaMN(80, 2, 8, swap=1), "wg80n128s8t"),
+        (("wgmma", 48, 2, 6, 4, 0, 0, 1), MN): (WgmmaMN(48, 2, 6, 4, swap=1), "wg48n128s6k4t"),
+        # ... whose weight copies ask L2 for 256-byte prefetches
+        (("wgmma", 80, 1, 6, 1, 0, 0, 1, 256), MN): (WgmmaMN(80, 1, 6, swap=1, l2=256), "wg80n64s6tl256"),
+        # gemm_mn's last wave split in K over up to 8 blocks a tile (past 512 tokens)
+        (("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8), MN): (WgmmaMN(producer=4, tail=8), "wg128n256s4p4w8"),
+        # gemm_k's tiles over tokens ordered by mask pattern (O's 8 head groups, past 512 tokens)
+        (("wgmma", 128, 2, 6, 2, 0, 0, 0, 0, 0, 1), K): (WgmmaK(rows=2, stages=6, ksplit=2, order=1), "wg128n128s6k2o"),
+        # gemm_mn's warpgroups whose rows are all past the group's count skipping their wgmmas
+        (("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 0, 0, 1), MN): (WgmmaMN(producer=4, mma_skip=1), "wg128n256s4p4m"),
+        (("wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8, 0, 1), MN): (WgmmaMN(producer=4, tail=8, mma_skip=1),
+                                                             "wg128n256s4p4w8m"),
+        (("gemv",), K): (GEMV_TILES, "gemv64"), ((128, 2, 4, 2), MN): (SmemTile(128, 2, 4, 2), "t128r2s4p2")}
+    for (entry, kind), (knobs, name) in named.items():
+        assert tile_knob(entry, kind) == knobs and knobs.name() == name, entry
+        doc = knobs.to_json()  # field names, and the same knobs read back
+        assert doc["kernel"] == knobs.kernel and tile_knob(doc, kind) == knobs
+        assert all(doc[f.name] == getattr(knobs, f.name) for f in dataclasses.fields(knobs))
+    for bad, kind, why in (
+            (["wgmma", 192, 4, 3], MN, "tokens must be one of"), (["wgmma", 128, 5, 4], K, "rows 1..4"),
+            (["wgmma", 128, 4, 2], MN, "stages >= 3"), (["wgmma", 128, 4], MN, "expected \\['wgmma'"),
+            (["wgmma", 128, 4, 4, 0], K, "ksplit >= 1"), (["wgmma", 128, 4, 4, 1, 3], MN, "producer warps one of"),
+            (["wgmma", 128, 4, 4, 1, 4, 1], MN, "persistent grid of 0 or at least 2 blocks"),
+            ([128, 1, 3, 1, "smem", 2], MN, "expected \\[tokens, rows, stages, prefetch\\]"),
+            ([96, 1, 3, 1], MN, "tokens must be a multiple of 64"),
+            (["wgmma", 84, 2, 4, 1, 0, 0, 1], MN, "tokens a multiple of 8 up to 256"),
+            (["wgmma", 264, 2, 4, 1, 0, 0, 1], MN, "tokens a multiple of 8 up to 256"),
+            (["wgmma", 80, 2, 4, 1, 1, 0, 1], MN, "no producer warps"),
+            (["wgmma", 80, 4, 4, 1, 0, 0, 1], MN, "rows 1..2"),
+            (["wgmma", 80, 2, 4, 1, 0, 0, 2], MN, "tokens a multiple of 8"),
+            (["wgmma", 80, 1, 6, 1, 0, 0, 1, 512], MN, "an L2 prefetch is one of"),
+            (["wgmma", 80, 1, 6, 1, 0, 0, 1, 256, 8, 1, 0, 0], MN, "expected \\['wgmma'"),
+            (["wgmma", 80, 1, 6, 1, 0, 0, 1, 0, 0, 0, 1], MN, "MMA skip 1"),
+            (["wgmma", 128, 4, 4, 1, 4, 132, 0, 0, 0, 0, 1], MN, "MMA skip 1"),
+            (["wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 0, 2], MN, "MMA skip 1"),
+            (["wgmma", 128, 4, 4, 1, 0, 132, 0, 0, 0, 1], K, "ordered by mask pattern"),
+            (["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 0, 1], K, "ordered by mask pattern"),
+            (["wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 2], K, "ordered by mask pattern"),
+            (["wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 1], MN, "only the wgmma gemm_k orders its tokens"),
+            (["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 3], MN, "a split tail wave"),
+            (["wgmma", 128, 4, 4, 2, 4, 0, 0, 0, 8], MN, "a split tail wave"),
+            (["wgmma", 128, 4, 4, 1, 4, 132, 0, 0, 8], MN, "a split tail wave"),
+            (["wgmma", 80, 1, 6, 1, 0, 0, 1, 0, 8], MN, "a split tail wave"),
+            # knobs only gemm_mn has (a gemm_k tile's rows run different groups step by step: no MMA skip)
+            (["wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 0, 1], K, "only the wgmma gemm_mn skips"),
+            (["wgmma", 80, 2, 8, 1, 0, 0, 1], K, "only the wgmma gemm_mn swaps its operands"),
+            (["wgmma", 128, 4, 4, 1, 0, 0, 0, 256], K, "only the wgmma gemm_mn takes an L2 prefetch"),
+            (["wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 8], K, "only the wgmma gemm_mn splits its tail wave"),
+            ({"kernel": "wgmma", "tokens": 128, "order": 1}, MN, "no knob order in a gemm_mn_swiglu's WgmmaMN"),
+            ({"kernel": "wgmma", "swap": 1}, K, "no knob swap in a gemm_k's WgmmaK"),
+            ({"kernel": "smem", "producer": 4}, MN, "no knob producer"), ({"tokens": 128}, MN, "'kernel' must be")):
         with pytest.raises(ValueError, match=why):
-            tile_knob(bad)
-    # the MMA skip is gemm_mn's (a gemm_k tile's rows run different groups step by step)
-    with pytest.raises(ValueError, match="only the wgmma gemm_mn skips"):
-        check_wgmma_shape(128, 4096, tile_knob(["wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 0, 1]))
-    check_wgmma_shape(128, 4096, tile_knob(["wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 0, 1]), True)
+            tile_knob(bad, kind)
+    # the knobs of one kind do not build the other
+    with pytest.raises(ValueError, match="are a gemm_mn's"):
+        WgmmaMN().validate(_spec(K, 128))
+    with pytest.raises(ValueError, match="are a gemm_k's"):
+        WgmmaK().validate(_spec(MN, 128))
     # a target without wgmma (not sm_90a) keeps the other picks and gets the mma.sync tile GEMM for wgmma ones
-    log = [["gemv"], [64, 1, 3, 1], ["wgmma", 128, 4, 4]]
-    assert tile_knobs(log)[2] == WGMMA_TILES
-    assert tile_knobs(log, wgmma=False) == (GEMV_TILES, TileKnobs(64, 1, 3, 1), TileKnobs())
+    log = [["gemv"], {"kernel": "smem", "tokens": 64, "rows": 1, "stages": 3, "prefetch": 1}, ["wgmma", 128, 4, 4]]
+    assert tile_knobs(log, True, K)[2] == WgmmaK() and tile_knobs(log, True, MN)[2] == WgmmaMN()
+    assert tile_knobs(log, False, K) == (GEMV_TILES, SmemTile(64, 1, 3, 1), SmemTile())
+    assert tile_knobs(None, True, K) == DEFAULT_TILES
 
 
 def test_wgmma_tiles_and_shared_memory():
-    assert wgmma_n(128, True, WGMMA_TILES) == (256, 128)  # gate and up of one 128-channel group side by side
-    assert wgmma_n(32, True, WGMMA_TILES) == (64, 32)  # a 32-channel group: N 64
-    assert wgmma_n(512, False, WGMMA_TILES) == (256, 256)  # Q: two blocks per 512-channel group
-    assert ring_bytes(WGMMA_TILES, 256) == 4 * (128 + 256) * 128 + 1024  # 4 stages of 48 KB, under the 227 KB
-    ws = TileKnobs(128, 4, 4, 1, "wgmma", 1, 1)
-    assert ring_bytes(ws, 256) == ring_bytes(WGMMA_TILES, 256) + 4 * 16  # + a full and an empty mbarrier a stage
+    assert wgmma_n(128, True, WgmmaMN()) == (256, 128)  # gate and up of one 128-channel group side by side
+    assert wgmma_n(32, True, WgmmaMN()) == (64, 32)  # a 32-channel group: N 64
+    assert wgmma_n(512, False, WgmmaMN()) == (256, 256)  # Q: two blocks per 512-channel group
+    assert ring_bytes(WgmmaMN(), 256) == 4 * (128 + 256) * 128 + 1024  # 4 stages of 48 KB, under the 227 KB
+    ws = WgmmaMN(producer=1)
+    assert ring_bytes(ws, 256) == ring_bytes(WgmmaMN(), 256) + 4 * 16  # + a full and an empty mbarrier a stage
     assert ring_layout(ws, 256) == (288, 256, 32, 128 * 128, (128 + 256) * 128)  # 2 warpgroups + 1 producer warp
-    assert ring_layout(WGMMA_TILES, 256).copiers == 256 and ring_layout(ws, 256).copier0 == 256
-    check_wgmma_shape(32, 4096, WGMMA_TILES)  # gemm_k: groups of 32 go two to a 64-wide K step
+    assert ring_layout(WgmmaK(), 256).copiers == 256 and ring_layout(ws, 256).copier0 == 256
+    WgmmaK().validate(_spec(K, 32))  # gemm_k: groups of 32 go two to a 64-wide K step
     for gs in (16, 96):  # ... other group slices must be whole K steps
         with pytest.raises(ValueError, match="group size that is 32 or a multiple of 64"):
-            check_wgmma_shape(gs, 4096, WGMMA_TILES)
+            WgmmaK().validate(_spec(K, gs))
     with pytest.raises(ValueError, match="K a multiple of 64"):
-        gemm_mn(4, 16, 96, "float16", "tc", True, "cuda", tile_knobs=(WGMMA_TILES,) * 3)
-    with pytest.raises(ValueError, match="not the wgmma GEMM's"):
-        check_wgmma_shape(128, 4096, TileKnobs(), True)
-    check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 2), True)  # gemm_mn splits K too
+        gemm_mn(4, 16, 96, "float16", "tc", True, "cuda", tile_knobs=(WgmmaMN(),) * 3)
+    WgmmaMN(ksplit=2).validate(_spec(MN, 128))  # gemm_mn splits K too
     with pytest.raises(ValueError, match="a persistent grid does not split K"):
-        check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 2, 4, 132), True)
+        WgmmaMN(ksplit=2, producer=4, persistent=132).validate(_spec(MN, 128))
     with pytest.raises(ValueError, match="gemm_mn's persistent grid needs producer warps"):
-        check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 1, 0, 132), True)
-    check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", 1, 0, 132))  # gemm_k: stream-K, every thread copies
+        WgmmaMN(persistent=132).validate(_spec(MN, 128))
+    WgmmaK(persistent=132).validate(_spec(K, 128))  # gemm_k: stream-K, every thread copies
     for ksplit, producer in ((2, 0), (1, 4)):  # ... which splits K itself, without producer warps
         with pytest.raises(ValueError, match="gemm_k's persistent grid"):
-            check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", ksplit, producer, 132))
+            WgmmaK(ksplit=ksplit, producer=producer, persistent=132).validate(_spec(K, 128))
     # swapped operands: a warpgroup per 64 weight rows (32 channels of gate and up), whatever the token tile
-    sw = TileKnobs(80, 2, 8, 1, "wgmma", swap=1)
+    sw = WgmmaMN(80, 2, 8, swap=1)
     assert wgmma_n(128, True, sw) == (128, 64) and ring_layout(sw, 128) == (256, 256, 256, 80 * 128, (80 + 128) * 128)
     assert ring_bytes(sw, 128) == 8 * (80 + 128) * 128 + 1024
-    with pytest.raises(ValueError, match="only the wgmma gemm_mn swaps its operands"):
-        check_wgmma_shape(128, 4096, sw)
-    check_wgmma_shape(128, 4096, TileKnobs(80, 2, 8, 1, "wgmma", swap=1, l2=256), True)
-    with pytest.raises(ValueError, match="only the wgmma gemm_mn's weight copies take an L2 prefetch"):
-        check_wgmma_shape(128, 4096, TileKnobs(128, 4, 4, 1, "wgmma", l2=256))
+    WgmmaMN(80, 2, 8, swap=1, l2=256).validate(_spec(MN, 128))
 
 
 def test_gemm_k_split_follows_the_token_count():
@@ -138,22 +151,22 @@ def test_gemm_k_split_follows_the_token_count():
     from wide_tvm.schedules.wgmma_gemm import MAX_KSPLIT, MIN_SPLIT_STEPS
     from wide_tvm.schedules.wgmma_stream_k import gemm_k_splits
 
-    down_512 = tile_knob(["wgmma", 128, 4, 4, 2])  # 192 KB ring: one block an SM; 16 column blocks of 256
+    down_512 = WgmmaK(ksplit=2)  # 192 KB ring: one block an SM; 16 column blocks of 256
     assert [gemm_k_splits(t, 16, 224, down_512) for t in (1, 2, 3, 4, 8, 32)] == [MAX_KSPLIT, 4, 2, 2, 2, 2]
-    o_128 = tile_knob(["wgmma", 64, 2, 4, 4])  # 97 KB ring: two blocks an SM; 32 column blocks of 128
+    o_128 = WgmmaK(64, 2, 4, ksplit=4)  # 97 KB ring: two blocks an SM; 32 column blocks of 128
     assert [gemm_k_splits(t, 32, 224, o_128) for t in (1, 2, 4)] == [8, 4, 4]
     assert MIN_SPLIT_STEPS == 16 and gemm_k_splits(1, 32, 64, o_128) == 4  # O's 64 K steps: 4 splits of 16 at most
-    assert gemm_k_splits(1, 32, 64, tile_knob(["wgmma", 64, 2, 4])) == 4 and gemm_k_splits(1, 32, 16, o_128) == 4
-    assert gemm_k_splits(40, 16, 224, WGMMA_TILES) == 1  # many tiles: the knob's split
+    assert gemm_k_splits(1, 32, 64, WgmmaK(64, 2, 4)) == 4 and gemm_k_splits(1, 32, 16, o_128) == 4
+    assert gemm_k_splits(40, 16, 224, WgmmaK()) == 1  # many tiles: the knob's split
     analyzer = sym.Analyzer()
     for tiles in (1, 2, 3, 4, 32):  # the kernel's expression (int32 PrimExprs), folded
         for steps in (64, 224):
             assert int(analyzer.simplify(gemm_k_splits(tvm.tirx.IntImm("int32", tiles), 16, steps, down_512))) == \
                 gemm_k_splits(tiles, 16, steps, down_512)
     # no split at all (one block per tile and column block, no partials launch) only where the count allows it
-    script = gemm_k(112, 128, 4096, "float16", "tc", "cuda", tile_knobs=(WGMMA_TILES,) * 3).script()
+    script = gemm_k(112, 128, 4096, "float16", "tc", "cuda", tile_knobs=(WgmmaK(),) * 3).script()
     assert "T.max(1, T.min(8," in script.replace("T.int32(", "(")
-    script = gemm_k(8, 512, 4096, "float16", "tc", "cuda", tile_knobs=(WGMMA_TILES,) * 3).script()
+    script = gemm_k(8, 512, 4096, "float16", "tc", "cuda", tile_knobs=(WgmmaK(),) * 3).script()
     assert "T.max(1, T.min(4," in script.replace("T.int32(", "(")
 
 
@@ -283,12 +296,13 @@ def test_pattern_order_is_a_knob_of_few_group_gemm_k_past_512_tokens():
 
     order = ["wgmma", 128, 4, 4, 1, 0, 0, 0, 0, 0, 1]
     with pytest.raises(ValueError, match="only the wgmma gemm_k orders its tokens"):
-        gemm_mn(8, 512, 4096, "float16", "tc", False, "cuda", tile_knobs=(tile_knob(order),) * 3)
+        tile_knob(order, "gemm_mn")
+    with pytest.raises(ValueError, match="are a gemm_k's"):
+        gemm_mn(8, 512, 4096, "float16", "tc", False, "cuda", tile_knobs=(tile_knob(order, K),) * 3)
     with pytest.raises(ValueError, match="at most 8 groups"):
-        gemm_k(112, 128, 4096, "float16", "tc", "cuda", tile_knobs=(tile_knob(order),) * 3)
+        gemm_k(112, 128, 4096, "float16", "tc", "cuda", tile_knobs=(tile_knob(order, K),) * 3)
     with pytest.raises(ValueError, match="with lookahead"):  # 64-token tiles of groups of 32 have none
-        gemm_k(6, 32, 256, "float16", "tc", "cuda",
-               tile_knobs=(tile_knob(["wgmma", 64, 1, 4, 1, 0, 0, 0, 0, 0, 1]),) * 3)
+        gemm_k(6, 32, 256, "float16", "tc", "cuda", tile_knobs=(WgmmaK(64, 1, 4, order=1),) * 3)
     fits = {(kind, g, gs): [wgmma_fits(Workload("w", kind, g, gs, 4096, swiglu, "float16"), v) for v in ORDER_VARIANTS]
             for kind, g, gs, swiglu in (("gemm_mn", 8, 512, False), ("gemm_mn", 112, 128, True),
                                         ("gemm_k", 112, 128, False), ("gemm_k", 8, 512, False))}
@@ -297,13 +311,13 @@ def test_pattern_order_is_a_knob_of_few_group_gemm_k_past_512_tokens():
 
     def spaces():
         return {(kind, g): [[v for v in ks.KnobTask(kind, g, gs, 4096, "float16", "tc", "tile", b, True).choices()[
-            "variant"] if v in ORDER_VARIANTS] for b in range(3)]
+            "variant"] if getattr(v, "order", 0)] for b in range(3)]
                 for kind, g, gs in (("gemm_mn_swiglu", 112, 128), ("gemm_mn", 8, 512), ("gemm_k", 112, 128),
                                     ("gemm_k", 8, 512))}
 
     assert set(ORDER_VARIANTS) <= set(WGMMA_VARIANTS)
     assert spaces() == {("gemm_mn_swiglu", 112): [[], [], []], ("gemm_mn", 8): [[], [], []],
-                        ("gemm_k", 112): [[], [], []], ("gemm_k", 8): [[], [], list(ORDER_VARIANTS)]}
+                        ("gemm_k", 112): [[], [], []], ("gemm_k", 8): [[], [], [tile_knob(v, K) for v in ORDER_VARIANTS]]}
 
 
 def test_pattern_order_shares_skips_between_a_tiles_tokens():
@@ -370,20 +384,22 @@ def test_pattern_order_builds_as_two_many_block_launches(tmp_path):
 def test_mma_skip_is_a_knob_of_gemm_mns_tile_buckets():
     """The warpgroup MMA skip (mma_skip) is a candidate of gemm_mn's tile buckets (its split-tail form past 512 tokens
     only), never of gemm_k's."""
-    from wide_tvm.bench.workloads import SKIP_VARIANTS, WGMMA_VARIANTS, tile_name
+    from wide_tvm.bench.workloads import SKIP_VARIANTS, WGMMA_VARIANTS, Workload, tile_name
     from wide_tvm.tuning import space as ks
 
     assert set(SKIP_VARIANTS) <= set(WGMMA_VARIANTS)
-    assert all(tile_name(v) == tile_knob(v).name() and tile_knob(v).name().endswith("m") for v in SKIP_VARIANTS)
+    up = Workload("up", "gemm_mn", 112, 128, 4096, True, "float16")
+    assert all(tile_name(up, v) == tile_knob(v, MN).name() and tile_knob(v, MN).name().endswith("m")
+               for v in SKIP_VARIANTS)
     for kind, g, gs in (("gemm_mn_swiglu", 112, 128), ("gemm_mn_swiglu", 448, 32), ("gemm_mn", 8, 512),
                         ("gemm_k", 112, 128), ("gemm_k", 8, 512)):
         skips = [[v for v in ks.KnobTask(kind, g, gs, 4096, "float16", "tc", "tile", bucket, wgmma=True)
-                  .choices()["variant"] if tile_knob(v).mma_skip] for bucket in range(3)]
+                  .choices()["variant"] if getattr(v, "mma_skip", 0)] for bucket in range(3)]
         if kind == "gemm_k":
             assert skips == [[], [], []], kind
         else:
             assert skips[0] == skips[1] and set(skips[1]) < set(skips[2]), (kind, skips)
-            assert all(not tile_knob(v).tail for v in skips[1]) and any(tile_knob(v).tail for v in skips[2])
+            assert all(not v.tail for v in skips[1]) and any(v.tail for v in skips[2])
 
 
 def test_split_tail_is_a_gemm_mn_knob_of_the_last_bucket():
@@ -393,13 +409,16 @@ def test_split_tail_is_a_gemm_mn_knob_of_the_last_bucket():
     from wide_tvm.tuning import space as ks
 
     with pytest.raises(ValueError, match="only the wgmma gemm_mn splits its tail wave"):
-        check_wgmma_shape(128, 4096, tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8]))
-    check_wgmma_shape(512, 4096, tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8]), swiglu=False)
+        tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8], K)
+    tile_knob(["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8], "gemm_mn").validate(_spec("gemm_mn", 512))
     for kind, gs in (("gemm_mn_swiglu", 128), ("gemm_mn", 512), ("gemm_k", 128)):
         variants = [ks.KnobTask(kind, 4096 // gs if kind == "gemm_mn" else 112, gs, 4096, "float16", "tc", "tile",
                                 bucket, wgmma=True).choices()["variant"] for bucket in range(3)]
-        assert not any(v in variants[0] + variants[1] for v in TAIL_VARIANTS)
-        assert all(v in variants[2] for v in TAIL_VARIANTS) == (kind != "gemm_k")
+        if kind == "gemm_k":
+            assert not any(getattr(v, "tail", 0) for v in variants[0] + variants[1] + variants[2])
+            continue
+        tails = [tile_knob(v, kind) for v in TAIL_VARIANTS]
+        assert not any(v in variants[0] + variants[1] for v in tails) and all(v in variants[2] for v in tails)
 
 
 @pytest.mark.parametrize("gs", [128, pytest.param(32, marks=pytest.mark.slow)])
@@ -414,7 +433,7 @@ def test_gemm_k_weight_tensor_map_boxes_a_k_step_of_the_tc_layout(gs):
 
     G, N = 6, 256
     chunks = 2 if gs % 64 == 0 else 1  # 32 K halves a box
-    knobs = tile_knob(["wgmma", 128, 2, 4])  # nb = 128
+    knobs = WgmmaK(rows=2)  # nb = 128
     (call,) = _tensor_map_calls(gemm_k(G, gs, N, "float16", "tc", "cuda", tile_knobs=(knobs,) * 3))
     dims, strides, box, steps = call[0:4], [2] + call[4:7], call[7:11], call[11:15]
     assert steps == [1, 1, 1, 1] and all(s % 16 == 0 for s in strides[1:]) and box == [32, 16, 128 // 16, chunks]
@@ -436,7 +455,7 @@ def test_gemm_k_weight_tensor_map_boxes_a_k_step_of_the_tc_layout(gs):
         assert np.array_equal(got.reshape(chunks, 128, 32), want)
     # no map (cp.async weights) with producer warps
     assert not _tensor_map_calls(gemm_k(G, gs, N, "float16", "tc", "cuda",
-                                        tile_knobs=(tile_knob(["wgmma", 128, 2, 4, 1, 1]),) * 3))
+                                        tile_knobs=(WgmmaK(rows=2, producer=1),) * 3))
 
 
 def test_hopper_targets_get_wgmma():
@@ -459,9 +478,9 @@ def test_tuned_wgmma_picks_follow_the_target():
     key = kernel_spec.kernel_key("gemm_mn_swiglu", 112, 128, 4096, "float16")
     log = {key: {"tiles": [["gemv"], ["wgmma", 128, 2, 4], ["wgmma", 128, 4, 4]]}}
     hopper = _tuned(_State("cuda", {}, None, log, wgmma=True), "gemm_mn_swiglu", 112, 128, 4096, "float16")
-    assert hopper["tile_knobs"] == (GEMV_TILES, TileKnobs(128, 2, 4, 1, "wgmma"), WGMMA_TILES)
+    assert hopper["tile_knobs"] == (GEMV_TILES, WgmmaMN(rows=2), WgmmaMN())
     plain = _tuned(_State("cuda", {}, None, log), "gemm_mn_swiglu", 112, 128, 4096, "float16")
-    assert plain["tile_knobs"] == (GEMV_TILES, TileKnobs(), TileKnobs())
+    assert plain["tile_knobs"] == (GEMV_TILES, SmemTile(), SmemTile())
     with pytest.raises(WideError, match="unusable knobs"):
         _tuned(_State("cuda", {}, None, {key: {"tiles": [["wgmma", 96, 4, 4]] * 3}}, wgmma=True),
                "gemm_mn_swiglu", 112, 128, 4096, "float16")
@@ -481,9 +500,9 @@ def test_per_tile_wgmma_gemm_mn_sorts_its_tokens_up_to_512():
     from wide_tvm.schedules import mask_reorder
     from wide_tvm.knobs import SORT_TOKENS, reorder_free_bound, sorts_tokens
 
-    per_tile, persistent = tile_knob(("wgmma", 128, 2, 6)), tile_knob(("wgmma", 128, 4, 4, 1, 4, 132))
+    per_tile, persistent = WgmmaMN(rows=2, stages=6), WgmmaMN(producer=4, persistent=132)
     assert SORT_TOKENS == 512 and sorts_tokens(per_tile) and not sorts_tokens(persistent)
-    assert not sorts_tokens(TileKnobs()) and not sorts_tokens(GEMV_TILES)
+    assert not sorts_tokens(SmemTile()) and not sorts_tokens(GEMV_TILES)
     assert reorder_free_bound((per_tile, per_tile, per_tile)) == 512
     assert reorder_free_bound((per_tile, persistent, per_tile)) == 128  # 129-512 tokens: the persistent grid
     assert reorder_free_bound((persistent, per_tile, per_tile)) == 0
@@ -501,11 +520,11 @@ def test_per_tile_wgmma_gemm_mn_sorts_its_tokens_up_to_512():
 
     # MetaSchedule times a gemm_mn tile candidate with the reorder a model runs in front of it
     task = ks.KnobTask("gemm_mn_swiglu", 4, 64, 256, "float16", "tc", "tile", 1, wgmma=True)
-    for variant, bound in ((("wgmma", 128, 2, 6), 512), (("wgmma", 128, 4, 4, 1, 4, 132), 32)):
+    for variant, bound in ((WgmmaMN(rows=2, stages=6), 512), (WgmmaMN(producer=4, persistent=132), 32)):
         assert tvm_ffi.structural_hash(ks.task_reorder(task, {"variant": variant})) == \
             tvm_ffi.structural_hash(mask_reorder(4, "cuda", bound))
     assert ks.task_reorder(ks.KnobTask("gemm_k", 4, 64, 256, "float16", "tc", "tile", 1, wgmma=True),
-                           {"variant": ("wgmma", 128, 2, 6)}) is None
+                           {"variant": WgmmaK(rows=2, stages=6)}) is None
     # ... and the benchmark its gemm_mn rows
     assert Workload("q", "gemm_mn", 4, 64, 256, sorts=512).reorder == "bench_reorder_g4_d512"
     assert Workload("q", "gemm_mn", 4, 64, 256, sorts=0).reorder == "bench_reorder_g4_d32"
@@ -526,13 +545,13 @@ def test_gemm_k_hands_33_to_64_tokens_to_its_wgmma_gemm():
     def bounds(func):
         return sorted(int(b) for b in re.findall(r"n <= T\.int64\((\d+)\)", func.script()))
 
-    wg = (tile_knob(("wgmma", 128, 1, 4)),) * 3
+    wg, wg_mn = (WgmmaK(rows=1),) * 3, (WgmmaMN(rows=1),) * 3
     assert bounds(gemm_k(4, 64, 256, "float16", "tc", "cuda")) == [1, 8, 16, 32, 64, 128]
     assert bounds(gemm_k(4, 32, 256, "float16", "tc", "cuda", tile_knobs=wg)) == [1, 8, 16, 32]
     # (and up to 512 tokens gemm_mn's per-tile wgmma blocks sort their tokens themselves)
-    assert bounds(gemm_mn(4, 64, 256, "float16", "tc", True, "cuda", tile_knobs=wg)) == [1, 8, 16, 32, 512]
+    assert bounds(gemm_mn(4, 64, 256, "float16", "tc", True, "cuda", tile_knobs=wg_mn)) == [1, 8, 16, 32, 512]
     assert (direct_bound("gemm_k", wg, 32), direct_bound("gemm_k", DEFAULT_TILES, 64)) == (32, 64)
-    assert direct_bound("gemm_mn", wg, 64) == direct_bound("gemm_mn_swiglu", DEFAULT_TILES, 64) == 32
+    assert direct_bound("gemm_mn", wg_mn, 64) == direct_bound("gemm_mn_swiglu", DEFAULT_TILES, 64) == 32
 
     cuda = _State("cuda", {}, None, {}, wgmma=True)
     assert _reorder_bound(cuda, "tc") == 32 and _reorder_bound(cuda, "nk") == 0  # the FFN's gate/up decides
@@ -560,10 +579,10 @@ def test_narrow_wgmma_tiles_take_17_to_32_tokens():
     def bounds(func):
         return sorted(int(b) for b in re.findall(r"n <= T\.int64\((\d+)\)", func.script()))
 
-    swapped = (tile_knob(("wgmma", 24, 2, 4, 1, 0, 0, 1)),) * 3
-    plain = (tile_knob(("wgmma", 128, 1, 4)),) * 3
+    swapped = (WgmmaMN(24, 2, 4, swap=1),) * 3
+    plain, plain_mn = (WgmmaK(rows=1),) * 3, (WgmmaMN(rows=1),) * 3
     assert bounds(gemm_mn(4, 64, 128, "float16", "tc", True, "cuda", tile_knobs=swapped)) == [1, 8, 16, 512]
-    assert bounds(gemm_mn(4, 64, 128, "float16", "tc", True, "cuda", tile_knobs=plain)) == [1, 8, 16, 32, 512]
+    assert bounds(gemm_mn(4, 64, 128, "float16", "tc", True, "cuda", tile_knobs=plain_mn)) == [1, 8, 16, 32, 512]
     assert bounds(gemm_k(4, 64, 256, "float16", "tc", "cuda", tile_knobs=plain)) == [1, 8, 16]
     assert bounds(gemm_k(4, 32, 256, "float16", "tc", "cuda", tile_knobs=plain)) == [1, 8, 16, 32]
     assert [knobs.direct_bound(k, swapped, 64) for k in ("gemm_mn", "gemm_mn_swiglu", "gemm_k")] == [16, 16, 16]
@@ -584,7 +603,7 @@ def _compile_cases(cases: list, export: str | None) -> str:
     sm_90 target (not through parse_target); exported to `export` if given."""
     funcs = {}
     for name, kind, shape, v in cases:
-        kn = (tile_knob(v),) * 3
+        kn = (tile_knob(v, MN if kind == "mn" else K),) * 3
         funcs[name] = (gemm_mn(*shape[:3], "float16", "tc", shape[3], "cuda", tile_knobs=kn) if kind == "mn"
                        else gemm_k(*shape, "float16", "tc", "cuda", tile_knobs=kn))
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
@@ -691,7 +710,7 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
             direct = re.search(r"out_ptr\[[^\n]*\] = \(\(half\)acc_ptr\[", body[0]) is not None
             # ... and an unsplit knob's fp32 partials (where few token tiles split it) leave 8 bytes a thread
             staged[name] = "*(uint4*)(out_ptr" in body[0] and "*(float2*)(ws_ptr" in body[0] and not direct
-            assert staged[name] == (tile_knob(v).ksplit == 1), (name, v)
+            assert staged[name] == (tile_knob(v, K).ksplit == 1), (name, v)
     assert any(staged.values()) and not all(staged.values())
     # ordered gemm_k: the sort's two launches (each block counts its tokens' patterns with shared-memory atomics into
     # its row of hist; then places them from hist's column sums, with no atomics), then the GEMM whose copies and
@@ -725,7 +744,7 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
     kinds = set()
     for name, kind, _, v in cases:
         if kind == "mn":
-            kn = tile_knob(v)
+            kn = tile_knob(v, MN)
             bodies = [k for k in kernels
                       if re.match(rf" void __launch_bounds__\(\d+\) {name}_kernel", k) and "wgmma" in k]
             assert bodies, name
@@ -759,7 +778,7 @@ def test_wgmma_kernels_build_for_every_knob(tmp_path):
                 assert any(re.match(rf" void __launch_bounds__\(256\) {name}_kernel", k) and "hdr_ptr" in k
                            and "order_ptr" in k.split("{")[0] for k in kernels), (name, v)
     assert kinds == {(False, False), (False, True), (True, False), (True, True)}
-    assert any(tile_knob(v).mma_skip for _, kind, _, v in cases if kind == "mn")
+    assert any(tile_knob(v, MN).mma_skip for _, kind, _, v in cases if kind == "mn")
     # ptxas keeps every kernel's wgmmas asynchronous (C7514: serialised, e.g. by accumulator reads it cannot
     # place after the K loop's last wait; C7515 / C7520: by the MMA skip's branch, unless each branch drains its own
     # wgmmas)

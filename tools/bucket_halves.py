@@ -39,7 +39,7 @@ def main() -> None:
             if len(medians) != len(counts):  # an older runner's record, timed at one count
                 continue
             knobs = knob_values(replayed(rec.workload.mod, rec.trace))
-            by_task[task.name].append(([t * 1e6 for t in medians], counts, knobs.get("variant", knobs)))
+            by_task[task.name].append(([t * 1e6 for t in medians], counts, knobs["variant"].name() if "variant" in knobs else knobs))
     if not by_task:
         sys.exit(f"{args.folder}: no current records of a tile bucket timed at several token counts "
                  f"({', '.join(map(str, ALSO_TIMED))} and smaller ones)")

@@ -202,7 +202,7 @@ def kernel_func(kind, g, gs, dim, dtype, layout, knobs=None, tile=None):
         return mask_reorder(g, "cuda")
     extra = {"decode_knobs": (GemvKnobs(*knobs),) * len(DECODE_BUCKETS)} if knobs else {}
     if tile:
-        extra["tile_knobs"] = (tile_knob(tile),) * len(DEFAULT_TILES)
+        extra["tile_knobs"] = (tile_knob(tile, kind),) * len(DEFAULT_TILES)
     if kind == "gemm_k":
         return gemm_k(g, gs, dim, dtype, layout, "cuda", **extra)
     return gemm_mn(g, gs, dim, dtype, layout, kind == "gemm_mn_swiglu", "cuda", **extra)
@@ -213,7 +213,7 @@ def reorder_free(spec) -> int:
     direct kernels' and the many-token kernels that sort their tokens themselves (schedules.gemm_mn_reorder_bound)."""
     if not spec[0].startswith("gemm_mn") or spec[5] != "tc":
         return 0
-    tiles = (tile_knob(spec[7]),) * len(DEFAULT_TILES) if len(spec) > 7 else DEFAULT_TILES
+    tiles = (tile_knob(spec[7], spec[0]),) * len(DEFAULT_TILES) if len(spec) > 7 else DEFAULT_TILES
     return gemm_mn_reorder_bound(tiles)
 
 
@@ -276,7 +276,7 @@ def build_kernels(out_dir: str, only: str | None) -> None:
     for i, spec in enumerate(KERNELS):
         name = f"k{i}_{spec[0]}"
         knobs = ((GemvKnobs(*spec[6]).name() if len(spec) > 6 and spec[6] else "")
-                 + (tile_knob(spec[7]).name() if len(spec) > 7 else ""))
+                 + (tile_knob(spec[7], spec[0]).name() if len(spec) > 7 else ""))
         if only is not None and not re.search(only, knobs):
             continue
         funcs[name] = as_built(kernel_func(*spec), True).with_attr("global_symbol", name)  # as wide-compile does

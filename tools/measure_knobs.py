@@ -1,10 +1,10 @@
 """Time chosen knob sets of the benchmark's kernels into a tuning database, without a search.
 
     python3 tools/measure_knobs.py tuning_logs/cuda-sm90 --only 'tile2$' --top 4 \
-        --variant '["wgmma", 128, 4, 4, 1, 4, 0, 0, 0, 8]'
+        --variant '{"kernel": "wgmma", "tokens": 128, "rows": 4, "stages": 4, "producer": 4, "tail": 8}'
 
 For each task of the Llama-3.1-8B kernels (wide-tune --llama8b's) that --only finds: its --top K fastest records of
-any kernel-code version, re-timed today, and each --variant (a tile task's `variant` knob, JSON) that is one of its
+any kernel-code version, re-timed today, and each --variant (a tile task's `variant` knob, JSON: by field name, or the positional list of older logs) that is one of its
 candidates; points already timed on today's code are skipped. The records are MetaSchedule's, timed by the runner
 wide-tune uses (tuning/runner.py), so the database's picks compare them with every other record: for a
 runner change (the records it stamps stale elsewhere: re-stamp the rest, re-time these) or a new candidate, where a
@@ -20,9 +20,10 @@ import re
 import sys
 
 
-def points_to_time(tasks: list, records: list, top: int, variants: list[tuple]) -> list[tuple]:
+def points_to_time(tasks: list, records: list, top: int, variants: list) -> list[tuple]:
     """(task, knob values) to time: per task its `top` fastest distinct records' knobs (any code version), then the
-    `variants` it has, each once."""
+    `variants` (tile_knob entries) it has, each once."""
+    from wide_tvm.knobs import tile_knob
     from wide_tvm.tuning.database import record_seconds, timed_seconds
     from wide_tvm.tuning.space import knob_values, replayed
 
@@ -40,7 +41,8 @@ def points_to_time(tasks: list, records: list, top: int, variants: list[tuple]) 
                 continue
             if values not in chosen:
                 chosen.append(values)
-        for v in variants:
+        for entry in variants:
+            v = tile_knob(entry, task.kind)
             values = {"variant": v}
             if v in task.choices().get("variant", ()) and values not in chosen:
                 chosen.append(values)
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     records = task_records(args.folder)
     done = measured_by_task(records)
     points = []
-    for task, values in points_to_time(tasks, records, args.top, [tuple(v) for v in args.variant]):
+    for task, values in points_to_time(tasks, records, args.top, args.variant):
         mod = template(task)
         sch = scheduled(task, decisions_of(task, values), mod)
         if knob_key(sch.mod) in done.get(task, set()):

@@ -43,9 +43,14 @@ import tvm, tvm_ffi
 try:
     from wide_tvm.tuning.database import task_records
     from wide_tvm.tuning.space import choices_of, instantiate, knob_values, replayed
+    try:
+        from wide_tvm.tuning.space import choices_json
+    except ImportError:  # before the knobs had names (2026-12-07): positional lists
+        choices_json = json.dumps
 except ImportError:  # a revision before the tuning subpackage (2026-12-07)
     from wide_tvm.knob_tuning import task_records
     from wide_tvm.schedules.knob_space import choices_of, instantiate, knob_values, replayed
+    choices_json = json.dumps
 from wide_tvm.schedules.code_version import code_version
 for pin in filter(None, os.environ.get("WIDE_RESTAMP_SET", "").split(";")):  # today's build only (kernel_hashes)
     name, value = pin.split("=", 1)
@@ -75,7 +80,7 @@ for i, (task, rec) in enumerate(task_records(sys.argv[1])):
         if str(i) in given:
             mod = tvm.IRModule({"main": mod["main"].with_attr("wide.choices", given[str(i)])})
         else:
-            lists = json.dumps(choices_of(mod))  # this code's lists
+            lists = choices_json(choices_of(mod))  # this code's lists
     values = knob_values(replayed(mod, rec.trace))
     out[i] = [task.space, code_version(task.space), str(tvm_ffi.structural_hash(instantiate(task, values))), lists]
 json.dump(out, sys.stdout)

@@ -8,17 +8,8 @@ import io
 import sys
 import warnings
 
+from .compiler import prepare_builds
 from .errors import WideError
-
-
-def _prepare_builds() -> None:
-    """Before this process first imports TVM: TVM's CPU pool on every physical core, and the stand-in CUDA driver
-    where there is no real one (wide_tvm/cuda_aot.py), so the kernels it builds embed device code."""
-    from .cpu_threads import use_physical_cores
-    from .cuda_aot import prepare_cuda_aot
-
-    use_physical_cores()
-    prepare_cuda_aot()
 
 
 def _fail(err: Exception) -> int:
@@ -190,7 +181,7 @@ def bench_main(argv=None) -> int:
         p.error(f"--sparsity {' '.join(map(str, args.sparsity))}: each must be in [0, 1] (1: every group skipped)")
     try:
         if args.cmd in ("build", "cpu"):
-            _prepare_builds()
+            prepare_builds()
         if args.cmd == "build":
             from .bench.build import build
 
@@ -267,7 +258,7 @@ def tune_main(argv=None) -> int:
     p.add_argument("--llama8b", action="store_true", help="tune the benchmark's Llama-3.1-8B kernels instead of a model's")
     args = p.parse_args(argv)
     try:
-        _prepare_builds()
+        prepare_builds()
         from .compiler import REPO_TUNING_LOGS
         from .targets import parse_target, target_folder
         from .tuning.driver import DEFAULT_TRIALS, tune

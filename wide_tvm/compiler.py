@@ -85,6 +85,14 @@ def _repacked(w, src: str, layout: str):
     return np.ascontiguousarray(weight_layout.pack(w if src == "nk" else w.T, layout))
 
 
+def prepare_builds() -> None:
+    """Before this process first imports TVM: TVM's CPU pool on every physical core, and the stand-in CUDA driver
+    where there is no real one (wide_tvm/cuda_aot.py), so the kernels it builds embed device code. compile() calls
+    it; so do the command-line tools before they build anything."""
+    use_physical_cores()  # before TVM's CPU thread pool starts
+    prepare_cuda_aot()  # before the first `import tvm` (a no-op where a real driver exists)
+
+
 def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa: A001
             dense: bool = False, dependent_launch: bool = True) -> Compiled:
     """Compile a .onnx / .pt2 path or an ExportedProgram for `target` (see `parse_target`).
@@ -92,8 +100,7 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     `dense=True` skips the gated-layer lowering: the same pipeline, TVM's dense kernels (a baseline).
     `dependent_launch=False` launches the gated kernels plainly on sm_90+ too (schedules/dependent_launch.py).
     """
-    use_physical_cores()  # before TVM's CPU thread pool starts
-    prepare_cuda_aot()  # before the first `import tvm` (a no-op where a real driver exists)
+    prepare_builds()
     import tvm
 
     from .frontends.loader import import_model

@@ -1,29 +1,60 @@
 """The gated kernels' knobs and the rules on them, as plain data (pure Python: importable without TVM, so the GPU
 host's runtime-only checkout, the tuner and the benchmark share them with the kernels).
 
-Three kernel families take knobs per token bucket (schedules/dispatch.py picks the bucket per call):
+One small frozen dataclass per kernel family, each with `validate(kernel)` (a KernelSpec, or None for the rules that
+hold for every shape), a stable `name()` and `to_json()` (field names):
 
-* the direct tensor-core kernels for few tokens (`GemvKnobs`, one per DECODE_BUCKETS bucket, up to `direct_bound`);
-* the many-token kernels past them (`TileKnobs`, one per TILE_BUCKETS bucket and the rest): `kernel` "gemv" (the
-  direct kernels' layout over sorted 64-token tiles), "smem" (the mma.sync tile GEMM, schedules/tile_gemm.py) or
-  "wgmma" (the Hopper GEMMs, schedules/wgmma_*.py), checked by `check_tile_knobs` and, for a shape,
-  `check_wgmma_shape`;
-* the CPU register tiles (schedules/tiles.py: TileConfig).
+* `GemvKnobs`: the direct tensor-core kernels for few tokens, one per DECODE_BUCKETS bucket, up to `direct_bound`;
+* many-token kernels past them, one per TILE_BUCKETS bucket and the rest (`TileKnobs`, any of): `GemvTile` (the
+  direct kernels' layout over sorted 64-token tiles), `SmemTile` (the mma.sync tile GEMM, schedules/tile_gemm.py),
+  `WgmmaMN` / `WgmmaK` (the Hopper GEMMs, schedules/wgmma_mn.py / wgmma_k.py);
+* `TileConfig`: the CPU register tiles (and the plain CUDA kernels' tiles), one per CPU bucket.
 
-Tuning logs hold them as lists (`tile_knob` / `decode_knobs` read them). Worked example:
+Tuning logs hold them by field name; `tile_knob` / `decode_knobs` also read the positional lists of older logs.
+Worked example:
 
-    >>> tile_knob(["wgmma", 128, 4, 4, 1, 4]).name()      # 128 tokens, wgmma N 256, 4 stages, 4 producer warps
+    >>> tile_knob(["wgmma", 128, 4, 4, 1, 4], "gemm_mn_swiglu")   # 128 tokens, N 256, 4 stages, 4 producer warps
+    WgmmaMN(tokens=128, rows=4, stages=4, ksplit=1, producer=4, persistent=0, swap=0, l2=0, tail=0, mma_skip=0)
+    >>> _.name()
     'wg128n256s4p4'
-    >>> down = tile_knobs([["wgmma", 128, 2, 6], ["wgmma", 128, 4, 4, 2], ["wgmma", 128, 4, 4]])
+    >>> down = tile_knobs([["wgmma", 128, 2, 6], ["wgmma", 128, 4, 4, 2], ["wgmma", 128, 4, 4]], True, "gemm_k")
     >>> direct_bound("gemm_k", down, 128)             # direct kernels up to 16 tokens, then the wgmma GEMM
     16
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from dataclasses import fields as dataclass_fields
+from typing import ClassVar, Union
 
 from .weight_layout import TC_ROWS
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """A CPU kernel's register tile (schedules/cpu_gemm.py), one per CPU token bucket; also the plain CUDA kernels'
+    tile (schedules/tiles.py: tile_config). bm: sorted tokens per tile (the unit of block-level skipping); bn: output
+    columns of a task (gemm_mn over [N, K] weights: weight rows of the register tile)."""
+
+    bm: int
+    bn: int
+
+    def name(self) -> str:
+        return f"m{self.bm}n{self.bn}"
+
+    def validate(self, kernel=None) -> None:
+        """ValueError unless bm and bn are >= 1 and bn divides what a kernel's tiles split (its group size for a
+        gemm_mn, N for a gemm_k)."""
+        if not (isinstance(self.bm, int) and isinstance(self.bn, int) and self.bm >= 1 and self.bn >= 1):
+            raise ValueError(f"tile {self}: bm and bn must be integers >= 1")
+        if kernel is not None:
+            width, what = (kernel.dim, "N") if kernel.kind == "gemm_k" else (kernel.group_size, "group size")
+            if width % self.bn:
+                raise ValueError(f"tile width {self.bn} does not divide {what} {width}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 MAX_TOKENS = 64  # token counts up to this use the direct (decode) kernels
@@ -46,6 +77,15 @@ class GemvKnobs:
         return (f"w{self.warps}u{self.unroll}" + (f"r{self.rows}" if self.rows > 1 else "")
                 + (f"s{self.stages}" if self.stages else "") + (f"b{self.row_warps}" if self.row_warps > 1 else "")
                 + (f"k{self.ksplit}" if self.ksplit > 1 else ""))
+
+    def validate(self, kernel=None) -> None:
+        """ValueError unless the direct kernels take these knobs (gemv.mn_plan / k_plan fit them to a shape)."""
+        counts = (self.warps, self.unroll, self.rows, self.row_warps, self.ksplit)
+        if not all(isinstance(v, int) and v >= 1 for v in counts) or self.stages not in (0, *range(2, 9)):
+            raise ValueError(f"decode knobs {self}: counts must be integers >= 1, stages 0 or 2-8")
+
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 DECODE_BUCKETS = (1, 8, 16, 32, MAX_TOKENS)  # one direct kernel per bucket, each with its own knobs
@@ -86,14 +126,14 @@ DEFAULT_DECODE: DecodeKnobs = (GemvKnobs(),) * len(DECODE_BUCKETS)
 
 
 def decode_knobs(entries: list) -> DecodeKnobs:
-    """Knobs per decode bucket from a tuning log's [[warps, unroll(, rows(, stages))], ...]. A log written
-    before the 1-token bucket existed ([<= 8, <= 16]) gives its <= 8 knobs to 1 token as well; buckets a log
-    predates (32, 64 tokens), and those given as None, keep the defaults."""
-    knobs = tuple(GemvKnobs() if e is None else GemvKnobs(*e) for e in entries)
+    """Knobs per decode bucket from a tuning log's entries: GemvKnobs fields by name ({"warps": 16, ...}), or the
+    positional lists of older logs ([warps, unroll(, rows(, stages(, row_warps(, ksplit)))))]). A log written before
+    the 1-token bucket existed ([<= 8, <= 16]) gives its <= 8 knobs to 1 token as well; buckets a log predates (32,
+    64 tokens), and those given as None, keep the defaults."""
+    knobs = tuple(GemvKnobs() if e is None else GemvKnobs(**e) if isinstance(e, dict) else GemvKnobs(*e)
+                  for e in entries)
     for k in knobs:
-        counts = (k.warps, k.unroll, k.rows, k.row_warps, k.ksplit)
-        if not all(isinstance(v, int) and v >= 1 for v in counts) or k.stages not in (0, *range(2, 9)):
-            raise ValueError(f"decode knobs {k}: counts must be integers >= 1, stages 0 or 2-8")
+        k.validate()
     if len(knobs) == 2:
         knobs = (knobs[0],) + knobs
     return knobs + DEFAULT_DECODE[len(knobs):]
@@ -105,55 +145,187 @@ def bucket_tokens(bucket: int) -> int:
 
 
 @dataclass(frozen=True)
-class TileKnobs:
+class GemvTile:
+    """Many-token kernel "gemv": the direct kernels' layout over sorted 64-token tiles (schedules/gemv.py: warps split
+    K, no shared-memory staging), faster than a tile GEMM for a few hundred tokens or fewer. No knobs of its own."""
+
+    kernel: ClassVar[str] = "gemv"
+
+    def name(self) -> str:
+        return "gemv64"
+
+    def validate(self, kernel=None) -> None:
+        """Every kernel kind has it."""
+
+    def to_json(self) -> dict:
+        return {"kernel": self.kernel}
+
+
+@dataclass(frozen=True)
+class SmemTile:
+    """Many-token kernel "smem": the mma.sync tile GEMM of schedules/tile_gemm.py (any CUDA target)."""
+
     tokens: int = 128  # tokens per block tile (a multiple of 64)
     rows: int = 1  # 16-channel row tiles per warp: each activation fragment read from shared memory feeds this many
     stages: int = 3  # cp.async ring depth of the activation tiles (>= 2)
     prefetch: int = 1  # weight chunks loaded into registers ahead of their mma (>= 1)
-    # "smem": this module's shared-memory tile GEMM; "gemv": the direct kernels' layout over sorted 64-token tiles
-    # (schedules/gemv.py: warps split K, no shared-memory staging), faster for a few hundred tokens or fewer;
-    # "wgmma": the Hopper warpgroup GEMMs of schedules/wgmma_*.py (sm_90a; rows: the wgmma N in 64s; no prefetch)
-    kernel: str = "smem"
-    ksplit: int = 1  # wgmma gemm_k: blocks splitting the listed K steps, their fp32 partials summed in a fixed order
-    # wgmma: warps of a producer that alone issues the ring's copies and hands stages over through mbarriers
-    # (warp specialisation); 0: every thread copies, and one block-wide barrier per K step
-    producer: int = 0
-    # wgmma gemm_mn with producer warps: blocks of a persistent grid that walk the existing tiles (0: a block per
-    # tile, including the tiles past a group's count, which only write zeros); wgmma gemm_k (every thread copying):
-    # blocks of a persistent grid that run the whole waves of tiles, then share the rest's K steps out (stream-K)
-    persistent: int = 0
-    # wgmma gemm_mn: swap the operands (1): the weight rows are wgmma's M (64 a warpgroup, `rows` warpgroups) and
-    # the block's `tokens` its N, any multiple of 8, so a group's few active tokens are not padded to 64
-    swap: int = 0
-    # wgmma gemm_mn: the weights' cp.async asks L2 to prefetch this many bytes around each 16-byte copy (0, or one of
-    # L2_PREFETCH: PTX's .L2::64B/128B/256B), so a memory-bound tile's DRAM requests are fewer and larger
-    l2: int = 0
-    # wgmma gemm_mn on the per-tile grid, past SORT_TOKENS: when the tiles past the last whole wave of blocks fill
-    # at most half a wave, each of them is split in K over up to this many blocks (extra blocks past the grid's
-    # tiles), their fp32 partials summed by a second launch; 0: those tiles run whole, a wave of their own
-    tail: int = 0
-    # wgmma gemm_k on the per-tile grid, groups of up to 8: the tiles are of tokens ordered by mask pattern
-    # (schedules/token_order.py, two launches in front), so a tile's tokens share the groups they skip (1); 0: in order
-    order: int = 0
-    # wgmma gemm_mn on the per-tile grid, unswapped: a warpgroup whose 64 rows are all past the group's active count
-    # (a group's last tile) runs its K loop without wgmmas (1); the copies, barriers and wgmma groups stay as they
-    # are. 0: every warpgroup multiplies every step. (gemm_k has no such knob: a K step's group is run by some rows
-    # of a tile and not others, so its skip would sit inside the K loop, where ptxas serialises every wgmma.)
-    mma_skip: int = 0
+    kernel: ClassVar[str] = "smem"
 
     def name(self) -> str:
-        if self.kernel == "gemv":
-            return "gemv64"
-        if self.kernel == "wgmma":
-            return (f"wg{self.tokens}n{64 * self.rows}s{self.stages}" + (f"k{self.ksplit}" if self.ksplit > 1 else "")
-                    + (f"p{self.producer}" if self.producer else "") + (f"x{self.persistent}" if self.persistent else "")
-                    + ("t" if self.swap else "") + (f"l{self.l2}" if self.l2 else "")
-                    + (f"w{self.tail}" if self.tail else "") + ("o" if self.order else "")
-                    + ("m" if self.mma_skip else ""))
         return f"t{self.tokens}r{self.rows}s{self.stages}p{self.prefetch}"
 
+    def validate(self, kernel=None) -> None:
+        """ValueError unless the tile GEMM can be built with these knobs (any kernel kind and shape)."""
+        if self.tokens % 64 or self.rows < 1 or self.stages < 2 or self.prefetch < 1:
+            raise ValueError(f"tile knobs {self}: tokens must be a multiple of 64, rows >= 1, stages >= 2, "
+                             "prefetch >= 1")
 
-GEMV_TILES = TileKnobs(kernel="gemv")
+    def to_json(self) -> dict:
+        return {"kernel": self.kernel, **asdict(self)}
+
+
+@dataclass(frozen=True)
+class WgmmaMN:
+    """Many-token kernel "wgmma" of a gemm_mn (gate/up, a gated query projection): the Hopper warpgroup GEMM of
+    schedules/wgmma_mn.py (sm_90a). Defaults: 2 warpgroups x N 256, a 4-deep ring (192 KB of shared memory, one
+    block per SM)."""
+
+    tokens: int = 128  # tokens per block tile: a warpgroup per 64 (swapped: wgmma N, a multiple of 8 up to 256)
+    rows: int = 4  # wgmma N in 64s (swapped: warpgroups of 64 weight rows)
+    stages: int = 4  # ring depth (>= 3)
+    ksplit: int = 1  # blocks splitting K, their fp32 partials summed by a second launch in a fixed order
+    # warps of a producer that alone issues the ring's copies and hands stages over through mbarriers (warp
+    # specialisation); 0: every thread copies, and one block-wide barrier per K step
+    producer: int = 0
+    # with producer warps: blocks of a persistent grid that walk the existing tiles (0: a block per tile, including
+    # the tiles past a group's count, which only write zeros)
+    persistent: int = 0
+    # swap the operands (1): the weight rows are wgmma's M (64 a warpgroup, `rows` warpgroups) and the block's
+    # `tokens` its N, any multiple of 8, so a group's few active tokens are not padded to 64
+    swap: int = 0
+    # the weights' cp.async asks L2 to prefetch this many bytes around each 16-byte copy (0, or one of L2_PREFETCH:
+    # PTX's .L2::64B/128B/256B), so a memory-bound tile's DRAM requests are fewer and larger
+    l2: int = 0
+    # on the per-tile grid, past SORT_TOKENS: when the tiles past the last whole wave of blocks fill at most half a
+    # wave, each of them is split in K over up to this many blocks (extra blocks past the grid's tiles), their fp32
+    # partials summed by a second launch; 0: those tiles run whole, a wave of their own
+    tail: int = 0
+    # on the per-tile grid, unswapped: a warpgroup whose 64 rows are all past the group's active count (a group's
+    # last tile) runs its K loop without wgmmas (1); the copies, barriers and wgmma groups stay as they are
+    mma_skip: int = 0
+    kernel: ClassVar[str] = "wgmma"
+
+    def name(self) -> str:
+        return (_wgmma_name(self) + ("t" if self.swap else "") + (f"l{self.l2}" if self.l2 else "")
+                + (f"w{self.tail}" if self.tail else "") + ("m" if self.mma_skip else ""))
+
+    def validate(self, kernel=None) -> None:
+        """ValueError unless the wgmma gemm_mn can be built with these knobs (and, given a KernelSpec, for its
+        shape)."""
+        if kernel is not None and kernel.kind == "gemm_k":
+            raise ValueError(f"tile knobs {self} are a gemm_mn's; {kernel.key} is a gemm_k")
+        if self.l2 and self.l2 not in L2_PREFETCH:
+            raise ValueError(f"wgmma tile knobs {self}: an L2 prefetch is one of {L2_PREFETCH} bytes (or 0, none)")
+        if self.tail and (self.tail not in TAIL_SHARES or self.swap or self.ksplit != 1 or self.persistent):
+            raise ValueError(f"wgmma tile knobs {self}: a split tail wave ({self.tail} shares a tile) is one of "
+                             f"{TAIL_SHARES} shares, on the per-tile grid of an unswapped gemm_mn that does not split K")
+        if self.mma_skip and (self.mma_skip != 1 or self.swap or self.persistent):
+            raise ValueError(f"wgmma tile knobs {self}: a warpgroup skips its wgmmas (MMA skip 1) only on the "
+                             "per-tile grid of an unswapped GEMM (a swapped tile's warpgroups are weight rows)")
+        if self.swap:
+            # (4 warpgroups: TVM's shared-memory sync planner refuses the kernel, "cannot insert syncs inside condition")
+            if (self.tokens not in SWAP_TOKENS or self.stages < 3 or not 1 <= self.rows <= 2 or self.ksplit < 1
+                    or self.producer or self.persistent or self.swap != 1):
+                raise ValueError(f"swapped wgmma tile knobs {self}: tokens a multiple of 8 up to 256 (wgmma N), rows "
+                                 "1..2 (warpgroups of 64 weight rows), stages >= 3, ksplit >= 1, no producer warps, "
+                                 "no persistent grid")
+        else:
+            _check_wgmma_grid(self)
+        if self.ksplit > 1 and self.persistent:
+            raise ValueError(f"tile knobs {self}: a persistent grid does not split K over blocks")
+        if self.persistent and not self.producer:
+            raise ValueError(f"tile knobs {self}: the wgmma gemm_mn's persistent grid needs producer warps")
+        if kernel is None:
+            return
+        nb, bn = wgmma_n(kernel.group_size, kernel.kind == "gemm_mn_swiglu", self)
+        if kernel.dim % KSTEP or bn % TC_ROWS or kernel.group_size % bn or nb % 64:
+            raise ValueError(f"the wgmma gemm_mn needs K a multiple of {KSTEP} and a group size that {64 * self.rows}"
+                             f"-channel tiles divide; got K={kernel.dim}, group size {kernel.group_size}")
+
+    def to_json(self) -> dict:
+        return {"kernel": self.kernel, **asdict(self)}
+
+
+@dataclass(frozen=True)
+class WgmmaK:
+    """Many-token kernel "wgmma" of a gemm_k (down, o_proj): the Hopper warpgroup GEMM of schedules/wgmma_k.py
+    (sm_90a)."""
+
+    tokens: int = 128  # tokens per block tile: a warpgroup per 64
+    rows: int = 4  # wgmma N in 64s
+    stages: int = 4  # ring depth (>= 3)
+    ksplit: int = 1  # blocks splitting the listed K steps, their fp32 partials summed in a fixed order
+    producer: int = 0  # producer warps (WgmmaMN.producer)
+    # (every thread copying) blocks of a persistent grid that run the whole waves of tiles, then share the rest's K
+    # steps out (stream-K); 0: a block per tile
+    persistent: int = 0
+    # on the per-tile grid, groups of up to MAX_GROUPS: the tiles are of tokens ordered by mask pattern
+    # (schedules/token_order.py, two launches in front), so a tile's tokens share the groups they skip (1); 0: in order
+    order: int = 0
+    kernel: ClassVar[str] = "wgmma"
+    swap: ClassVar[int] = 0  # (the ring, shared with gemm_mn, reads it: a gemm_k never swaps its operands)
+
+    def name(self) -> str:
+        return _wgmma_name(self) + ("o" if self.order else "")
+
+    def validate(self, kernel=None) -> None:
+        """ValueError unless the wgmma gemm_k can be built with these knobs (and, given a KernelSpec, for its shape
+        and group count)."""
+        if kernel is not None and kernel.kind != "gemm_k":
+            raise ValueError(f"tile knobs {self} are a gemm_k's; {kernel.key} is a gemm_mn")
+        if self.order and (self.order != 1 or self.producer or self.persistent):
+            raise ValueError(f"wgmma tile knobs {self}: tokens ordered by mask pattern (order 1) only on the per-tile "
+                             "grid of a gemm_k without producer warps")
+        _check_wgmma_grid(self)
+        if self.persistent and (self.producer or self.ksplit > 1):
+            raise ValueError(f"tile knobs {self}: the wgmma gemm_k's persistent grid (stream-K) has every thread "
+                             "copy and splits K by itself")
+        if kernel is None:
+            return
+        gs, n_dim = kernel.group_size, kernel.dim
+        if (gs % KSTEP and gs != KSTEP // 2) or n_dim % (64 * self.rows):
+            raise ValueError(f"the wgmma gemm_k needs a group size that is {KSTEP // 2} or a multiple of {KSTEP} and "
+                             f"N a multiple of {64 * self.rows}; got group size {gs}, N={n_dim}")
+        # tokens ordered by mask pattern need the list entries a step ahead (every thread copying; 64-token tiles of
+        # groups of 32 have no lookahead) and 2^G patterns in shared memory
+        ahead = not self.producer and (gs % KSTEP == 0 or self.tokens == 128)
+        if self.order and not (ahead and order_groups_ok(kernel.groups)):
+            raise ValueError(f"tile knobs {self}: the wgmma gemm_k orders tokens by mask pattern for at most "
+                             f"{MAX_GROUPS} groups, with lookahead; got {kernel.groups} groups of {gs}")
+
+    def to_json(self) -> dict:
+        return {"kernel": self.kernel, **asdict(self)}
+
+
+TileKnobs = Union[GemvTile, SmemTile, WgmmaMN, WgmmaK]  # one token bucket's many-token kernel and its knobs
+WgmmaKnobs = Union[WgmmaMN, WgmmaK]
+
+
+def _wgmma_name(knobs: WgmmaKnobs) -> str:
+    return (f"wg{knobs.tokens}n{64 * knobs.rows}s{knobs.stages}" + (f"k{knobs.ksplit}" if knobs.ksplit > 1 else "")
+            + (f"p{knobs.producer}" if knobs.producer else "") + (f"x{knobs.persistent}" if knobs.persistent else ""))
+
+
+def _check_wgmma_grid(knobs: WgmmaKnobs) -> None:
+    """The rules an unswapped wgmma tile of either kind keeps."""
+    if (knobs.tokens not in WGMMA_TOKENS or knobs.stages < 3 or not 1 <= knobs.rows <= 4 or knobs.ksplit < 1
+            or knobs.producer not in WGMMA_PRODUCERS or knobs.persistent < 0 or knobs.persistent == 1):
+        raise ValueError(f"wgmma tile knobs {knobs}: tokens must be one of {WGMMA_TOKENS} (a warpgroup per "
+                         "64 tokens), rows 1..4 (wgmma N = 64 rows), stages >= 3, ksplit >= 1, producer "
+                         f"warps one of {WGMMA_PRODUCERS}, and a persistent grid of 0 or at least 2 blocks")
+
+
+GEMV_TILES = GemvTile()
 # token tiles of the wgmma GEMMs: a warpgroup per 64 (3 would not split the weight copies evenly; 4 would need
 # 4 x 128 threads x 128 accumulator registers, the whole register file)
 WGMMA_TOKENS = (64, 128)
@@ -163,85 +335,71 @@ TAIL_SHARES = (2, 4, 8, 16)  # most blocks a last-wave gemm_mn tile's K is split
 L2_PREFETCH = (64, 128, 256)  # L2 prefetch sizes a cp.async may ask for (bytes)
 # Token counts past the direct kernels are split into buckets (<= 128, <= 512, more), each with its kernel and knobs
 TILE_BUCKETS = (128, 512)
-DEFAULT_TILES = (GEMV_TILES, TileKnobs(), TileKnobs())
+DEFAULT_TILES = (GEMV_TILES, SmemTile(), SmemTile())
+# The fields of a wgmma tile's positional form, in order (tuning logs and sweeps written before the knobs had names)
+_WGMMA_POSITIONS = ("tokens", "rows", "stages", "ksplit", "producer", "persistent", "swap", "l2", "tail", "order",
+                    "mma_skip")
+_MN_ONLY = {"swap": "swaps its operands", "l2": "takes an L2 prefetch size", "mma_skip": "skips a warpgroup's wgmmas",
+            "tail": "splits its tail wave (gemm_k: the persistent grid's stream-K)"}
 
 
-def tile_knob(entry) -> TileKnobs:
-    """One bucket's knobs from a log or sweep entry: [tokens, rows, stages, prefetch], ["gemv"], or
-    ["wgmma", tokens, rows, stages(, ksplit(, producer warps(, persistent blocks(, swap(, L2 prefetch bytes(, tail
-    shares(, pattern order(, MMA skip))))))))]."""
-    entry = list(entry)
-    if entry == ["gemv"]:
-        return GEMV_TILES
-    if entry and entry[0] == "wgmma":
-        if len(entry) not in range(4, 13):
-            raise ValueError(f"wgmma tile knobs {entry}: expected ['wgmma', tokens, rows (N / 64), stages(, ksplit"
-                             "(, producer warps(, persistent blocks(, swap(, L2 prefetch bytes(, tail shares(, pattern "
-                             "order(, MMA skip))))))))]")
-        knobs = TileKnobs(tokens=entry[1], rows=entry[2], stages=entry[3], kernel="wgmma",
-                          ksplit=entry[4] if len(entry) > 4 else 1, producer=entry[5] if len(entry) > 5 else 0,
-                          persistent=entry[6] if len(entry) > 6 else 0, swap=entry[7] if len(entry) > 7 else 0,
-                          l2=entry[8] if len(entry) > 8 else 0, tail=entry[9] if len(entry) > 9 else 0,
-                          order=entry[10] if len(entry) > 10 else 0, mma_skip=entry[11] if len(entry) > 11 else 0)
+def tile_knob(entry, kind: str) -> TileKnobs:
+    """One bucket's many-token knobs for a kernel of `kind` from a log or sweep entry, checked: the named form
+    ({"kernel": "smem" | "gemv" | "wgmma", field: value, ...}; to_json writes it), or the positional form of logs
+    written before it: [tokens, rows, stages, prefetch], ["gemv"], or ["wgmma", tokens, rows, stages(, ksplit(,
+    producer warps(, persistent blocks(, swap(, L2 prefetch bytes(, tail shares(, pattern order(, MMA skip))))))))].
+
+        >>> tile_knob({"kernel": "wgmma", "tokens": 128, "rows": 2, "stages": 6, "ksplit": 4}, "gemm_k").name()
+        'wg128n128s6k4'
+        >>> tile_knob(["wgmma", 128, 2, 6, 4], "gemm_k") == WgmmaK(rows=2, stages=6, ksplit=4)
+        True
+    """
+    wgmma = WgmmaK if kind == "gemm_k" else WgmmaMN
+    if isinstance(entry, dict):
+        fields = dict(entry)
+        family = {"gemv": GemvTile, "smem": SmemTile, "wgmma": wgmma}.get(fields.pop("kernel", None))
+        if family is None:
+            raise ValueError(f"tile knobs {entry}: 'kernel' must be 'gemv', 'smem' or 'wgmma'")
+        unknown = set(fields) - {f.name for f in dataclass_fields(family)}
+        if unknown:
+            raise ValueError(f"tile knobs {entry}: no knob {', '.join(sorted(unknown))} in a {kind}'s "
+                             f"{family.__name__}")
+        knobs = family(**fields)
     else:
-        knobs = TileKnobs(*entry)
-    check_tile_knobs(knobs)
+        entry = list(entry)
+        if entry == ["gemv"]:
+            return GEMV_TILES
+        if entry and entry[0] == "wgmma":
+            if len(entry) not in range(4, 13):
+                raise ValueError(f"wgmma tile knobs {entry}: expected ['wgmma', tokens, rows (N / 64), stages(, ksplit"
+                                 "(, producer warps(, persistent blocks(, swap(, L2 prefetch bytes(, tail shares(, "
+                                 "pattern order(, MMA skip))))))))]")
+            fields = dict(zip(_WGMMA_POSITIONS, entry[1:]))
+            if kind == "gemm_k":
+                for name, what in _MN_ONLY.items():
+                    if fields.pop(name, 0):
+                        raise ValueError(f"tile knobs {entry}: only the wgmma gemm_mn {what}")
+            elif fields.pop("order", 0):
+                raise ValueError(f"tile knobs {entry}: only the wgmma gemm_k orders its tokens by mask pattern")
+            knobs = wgmma(**fields)
+        else:
+            if len(entry) > 4:
+                raise ValueError(f"tile knobs {entry}: expected [tokens, rows, stages, prefetch]")
+            knobs = SmemTile(*entry)
+    knobs.validate()
     return knobs
 
 
-def tile_knobs(entry, wgmma: bool = True) -> tuple:
-    """Knobs per TILE_BUCKETS bucket (and the last, unbounded one) from a tuning log's list of tile_knob entries
-    (the defaults when absent, and for buckets given as None). Without `wgmma` (a target other than sm_90a) a
-    wgmma pick becomes the mma.sync tile GEMM's default."""
-    knobs = (tuple(DEFAULT_TILES[min(i, len(DEFAULT_TILES) - 1)] if e is None else tile_knob(e)
+def tile_knobs(entry, wgmma: bool, kind: str) -> tuple:
+    """Knobs per TILE_BUCKETS bucket (and the last, unbounded one) of a kernel of `kind` from a tuning log's list of
+    tile_knob entries (the defaults when absent, and for buckets given as None). Without `wgmma` (a target other than
+    sm_90a) a wgmma pick becomes the mma.sync tile GEMM's default."""
+    knobs = (tuple(DEFAULT_TILES[min(i, len(DEFAULT_TILES) - 1)] if e is None else tile_knob(e, kind)
                    for i, e in enumerate(entry)) if entry else DEFAULT_TILES)
-    return knobs if wgmma else tuple(TileKnobs() if k.kernel == "wgmma" else k for k in knobs)
-
-
-def check_tile_knobs(knobs: TileKnobs) -> None:
-    """ValueError unless `knobs` describe a tile GEMM this module (or the wgmma GEMMs, schedules/wgmma_gemm.py) can build."""
-    if knobs.kernel == "wgmma" and knobs.l2 and knobs.l2 not in L2_PREFETCH:
-        raise ValueError(f"wgmma tile knobs {knobs}: an L2 prefetch is one of {L2_PREFETCH} bytes (or 0, none)")
-    if knobs.kernel == "wgmma" and knobs.tail and (knobs.tail not in TAIL_SHARES or knobs.swap or knobs.ksplit != 1
-                                                   or knobs.persistent):
-        raise ValueError(f"wgmma tile knobs {knobs}: a split tail wave ({knobs.tail} shares a tile) is one of "
-                         f"{TAIL_SHARES} shares, on the per-tile grid of an unswapped gemm_mn that does not split K")
-    if knobs.kernel == "wgmma" and knobs.order and (knobs.order != 1 or knobs.swap or knobs.producer
-                                                    or knobs.persistent or knobs.tail):
-        raise ValueError(f"wgmma tile knobs {knobs}: tokens ordered by mask pattern (order 1) only on the per-tile "
-                         "grid of a gemm_k without producer warps")
-    if knobs.kernel == "wgmma" and knobs.mma_skip and (knobs.mma_skip != 1 or knobs.swap or knobs.persistent):
-        raise ValueError(f"wgmma tile knobs {knobs}: a warpgroup skips its wgmmas (MMA skip 1) only on the per-tile "
-                         "grid of an unswapped GEMM (a swapped tile's warpgroups are weight rows)")
-    if knobs.kernel == "wgmma" and knobs.swap:
-        # (4 warpgroups: TVM's shared-memory sync planner refuses the kernel, "cannot insert syncs inside condition")
-        if (knobs.tokens not in SWAP_TOKENS or knobs.stages < 3 or not 1 <= knobs.rows <= 2 or knobs.ksplit < 1
-                or knobs.producer or knobs.persistent or knobs.swap != 1):
-            raise ValueError(f"swapped wgmma tile knobs {knobs}: tokens a multiple of 8 up to 256 (wgmma N), rows "
-                             "1..2 (warpgroups of 64 weight rows), stages >= 3, ksplit >= 1, no producer warps, no "
-                             "persistent grid")
-        return
-    if knobs.kernel == "wgmma":
-        if (knobs.tokens not in WGMMA_TOKENS or knobs.stages < 3 or not 1 <= knobs.rows <= 4 or knobs.ksplit < 1
-                or knobs.producer not in WGMMA_PRODUCERS or knobs.persistent < 0
-                or (knobs.persistent == 1)):
-            raise ValueError(f"wgmma tile knobs {knobs}: tokens must be one of {WGMMA_TOKENS} (a warpgroup per "
-                             "64 tokens), rows 1..4 (wgmma N = 64 rows), stages >= 3, ksplit >= 1, producer "
-                             f"warps one of {WGMMA_PRODUCERS}, and a persistent grid of 0 or at least 2 blocks")
-        return
-    if (knobs.ksplit != 1 or knobs.producer or knobs.persistent or knobs.swap or knobs.l2 or knobs.tail or knobs.order
-            or knobs.mma_skip):
-        raise ValueError(f"tile knobs {knobs}: only the wgmma GEMMs split K over blocks, have producer warps, "
-                         "a persistent grid, swapped operands, an L2 prefetch size, a split tail wave, a pattern "
-                         "order or warpgroups that skip their wgmmas")
-    if knobs.kernel != "smem" or knobs.tokens % 64 or knobs.rows < 1 or knobs.stages < 2 or knobs.prefetch < 1:
-        raise ValueError(f"tile knobs {knobs}: tokens must be a multiple of 64, rows >= 1, stages >= 2, "
-                         "prefetch >= 1, kernel 'smem' (or 'gemv', which has no tile GEMM)")
+    return knobs if wgmma else tuple(SmemTile() if k.kernel == "wgmma" else k for k in knobs)
 
 
 KSTEP = 64  # K per ring stage: one 128-byte swizzle span of fp16
-# 2 warpgroups x N 256 (rows x 64), a 4-deep ring: 192 KB of shared memory, one block per SM
-WGMMA_TILES = TileKnobs(tokens=128, rows=4, stages=4, kernel="wgmma")
 # Up to this many tokens a per-tile gemm_mn block sorts its group's tokens itself (a ballot over the group's mask
 # column), so no mask reorder launches in front of it; past it each block would read n mask entries
 SORT_TOKENS = TILE_BUCKETS[-1]
@@ -265,56 +423,12 @@ def reorder_free_bound(tile_knobs: tuple) -> int:
     return bound
 
 
-def wgmma_n(group_size: int, swiglu: bool, knobs: TileKnobs) -> tuple[int, int]:
+def wgmma_n(group_size: int, swiglu: bool, knobs: WgmmaMN) -> tuple[int, int]:
     """(wgmma N, output channels per block) of gemm_mn: min(group, N / 2) channels of gate and up each (or
     min(group, N) of one projection), N = 64 x rows."""
     nw = 2 if swiglu else 1
     bn = min(group_size, 64 * knobs.rows // nw)
     return nw * bn, bn
-
-
-def check_wgmma_shape(group_size: int, k_dim: int, knobs: TileKnobs, swiglu: bool | None = None,
-                      groups: int | None = None) -> None:
-    """ValueError unless a wgmma tile GEMM can take this shape and these knobs; swiglu None: gemm_k (K = the
-    groups, `k_dim` its N; with `groups`, also whether its tokens can be ordered by mask pattern, knob order)."""
-    if knobs.kernel != "wgmma":
-        raise ValueError(f"tile knobs {knobs} are not the wgmma GEMM's")
-    check_tile_knobs(knobs)
-    if swiglu is None:
-        if knobs.swap:
-            raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_mn swaps its operands")
-        if knobs.l2:
-            raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_mn's weight copies take an L2 prefetch size")
-        if knobs.tail:
-            raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_mn splits its tail wave (gemm_k: the "
-                             "persistent grid's stream-K)")
-        if knobs.mma_skip:
-            # (a step's group is run by some rows of a gemm_k tile and not others: skipping a warpgroup's wgmmas per
-            # step needs a branch inside the K loop, which makes ptxas serialise every wgmma, C7520)
-            raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_mn skips a warpgroup's wgmmas")
-        if knobs.persistent and (knobs.producer or knobs.ksplit > 1):
-            raise ValueError(f"tile knobs {knobs}: the wgmma gemm_k's persistent grid (stream-K) has every thread "
-                             "copy and splits K by itself")
-        if (group_size % KSTEP and group_size != KSTEP // 2) or k_dim % (64 * knobs.rows):
-            raise ValueError(f"the wgmma gemm_k needs a group size that is {KSTEP // 2} or a multiple of {KSTEP} and "
-                             f"N a multiple of {64 * knobs.rows}; got group size {group_size}, N={k_dim}")
-        # tokens ordered by mask pattern need the list entries a step ahead (every thread copying; 64-token tiles of
-        # groups of 32 have no lookahead) and 2^G patterns in shared memory
-        ahead = not knobs.producer and (group_size % KSTEP == 0 or knobs.tokens == 128)
-        if knobs.order and not (ahead and (groups is None or order_groups_ok(groups))):
-            raise ValueError(f"tile knobs {knobs}: the wgmma gemm_k orders tokens by mask pattern for at most "
-                             f"{MAX_GROUPS} groups, with lookahead; got {groups} groups of {group_size}")
-        return
-    if knobs.order:
-        raise ValueError(f"tile knobs {knobs}: only the wgmma gemm_k orders its tokens by mask pattern")
-    if knobs.ksplit > 1 and knobs.persistent:
-        raise ValueError(f"tile knobs {knobs}: a persistent grid does not split K over blocks")
-    if knobs.persistent and not knobs.producer:
-        raise ValueError(f"tile knobs {knobs}: the wgmma gemm_mn's persistent grid needs producer warps")
-    nb, bn = wgmma_n(group_size, swiglu, knobs)
-    if k_dim % KSTEP or bn % TC_ROWS or group_size % bn or nb % 64:
-        raise ValueError(f"the wgmma gemm_mn needs K a multiple of {KSTEP} and a group size that {64 * knobs.rows}"
-                         f"-channel tiles divide; got K={k_dim}, group size {group_size}")
 
 
 MAX_GROUPS = 8  # patterns of at most this many groups: a thread per pattern (2^G <= THREADS), per-warp counts in shared

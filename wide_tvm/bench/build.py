@@ -17,16 +17,15 @@ from tvm import relax
 
 from ..compiler import REPO_TUNING_LOGS
 from ..cuda_aot import cuda_codegen
+from ..knobs import (DECODE_BUCKETS, DEFAULT_TILES, GemvKnobs, decode_knobs, direct_bound, reorder_free_bound,
+                     tile_knob, tile_knobs)
 from ..passes import LowerGatedLayers, wide_pipeline
 from ..schedules import gated_kernel, mask_reorder
 from ..schedules.code_version import records_of as code_records_of
-from ..knobs import DECODE_BUCKETS, GemvKnobs, decode_knobs, direct_bound
 from ..schedules.launch_bounds import as_built
-from ..knobs import DEFAULT_TILES, tile_knob, tile_knobs
-from ..knobs import reorder_free_bound
 from ..targets import has_wgmma, launches_dependents, parse_target, target_folder
 from ..tuning.database import load as load_knobs
-from .workloads import LLAMA_8B, SWEEPS, Workload, swept_variants, variants
+from .workloads import LLAMA_8B, SWEEPS, Workload, swept_variants, tile_name, variants
 
 
 def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None, tile=None, wgmma: bool = False):
@@ -40,8 +39,8 @@ def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None
     elif "decode" in entry:
         extra = {"decode_knobs": decode_knobs(entry["decode"])}
     if target_kind == "cuda":
-        extra["tile_knobs"] = ((tile_knob(tile),) * len(DEFAULT_TILES) if tile
-                               else tile_knobs(entry.get("tiles"), wgmma))
+        extra["tile_knobs"] = ((tile_knob(tile, spec.kind),) * len(DEFAULT_TILES) if tile
+                               else tile_knobs(entry.get("tiles"), wgmma, spec.kind))
     return gated_kernel(spec.kind, spec.groups, spec.group_size, spec.dim, spec.dtype, spec.layout, target_kind,
                         **extra)
 
@@ -54,7 +53,7 @@ def built_bounds(w: Workload, target_kind: str, tuned: dict | None, wgmma: bool)
     if target_kind != "cuda" or spec.layout != "tc":
         return 0, 0
     entry = (tuned or {}).get(spec.key, {})
-    tiles = tile_knobs(entry.get("tiles"), wgmma)
+    tiles = tile_knobs(entry.get("tiles"), wgmma, spec.kind)
     return direct_bound(w.kind, tiles, w.group_size), 0 if w.kind == "gemm_k" else reorder_free_bound(tiles)
 
 
@@ -88,7 +87,7 @@ def our_kernels(workloads: list[Workload], target_kind: str, sweep: str | None =
                 name = f"{w.kernel}_{knobs.name()}"
                 funcs[name] = _kernel(w, target_kind, knobs, wgmma=wgmma).with_attr("global_symbol", name)
             for v in swept_variants(w, w.direct_tokens + 1, wgmma, sweep):
-                name = f"{w.kernel}_{tile_knob(v).name()}"
+                name = f"{w.kernel}_{tile_name(w, v)}"
                 funcs[name] = _kernel(w, target_kind, tuned=tuned, tile=v).with_attr("global_symbol", name)
     return funcs
 

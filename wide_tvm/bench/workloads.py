@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..kernel_spec import KernelSpec
-from ..knobs import DIRECT_TOKENS, TILE_BUCKETS, UNREAD, GemvKnobs, check_wgmma_shape, tile_knob
+from ..knobs import DIRECT_TOKENS, TILE_BUCKETS, UNREAD, GemvKnobs, tile_knob
 
 TOKENS = (1, 4, 8, 16, 32, 64, 512, 4096)
 SWEEP_TOKENS = (1, 4, 8, 16, 32, 64)  # token counts the knob sweep times: every DECODE_BUCKETS bucket
@@ -201,17 +201,17 @@ def swept_variants(w: Workload, tokens: int, wgmma: bool, sweep: str | None) -> 
 
 
 def wgmma_fits(w: Workload, v: tuple) -> bool:
-    """Whether the wgmma tile GEMM builds `w` with tile knobs v (knobs.check_wgmma_shape)."""
+    """Whether the wgmma tile GEMM builds `w` with tile knobs v (WgmmaMN / WgmmaK.validate)."""
     try:
-        check_wgmma_shape(w.group_size, w.dim, tile_knob(v), w.swiglu if w.kind == "gemm_mn" else None, groups=w.groups)
+        tile_knob(v, w.kernel_kind).validate(w.spec("cuda"))
     except ValueError:
         return False
     return True
 
 
-def tile_name(v: tuple) -> str:
-    """The name of tile knobs v (a sweep build's kernel suffix)."""
-    return tile_knob(v).name()
+def tile_name(w: Workload, v: tuple) -> str:
+    """The name of tile knobs v of w's kernel (a sweep build's kernel suffix)."""
+    return tile_knob(v, w.kernel_kind).name()
 
 
 def tile_bucket(tokens: int) -> str:
@@ -221,7 +221,7 @@ def tile_bucket(tokens: int) -> str:
 
 def variant_name(w: Workload, tokens: int, v: tuple) -> str:
     """Name of candidate v of the kernel that runs `tokens` tokens (the suffix of its sweep build)."""
-    return tile_name(v) if tokens > w.direct_tokens else knob_name(v)
+    return tile_name(w, v) if tokens > w.direct_tokens else knob_name(v)
 
 
 def knob_name(v: tuple) -> str:

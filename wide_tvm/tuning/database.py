@@ -207,7 +207,7 @@ def summary(folder: str) -> str:
     lines = ["| task | tokens | measured / space | fastest (us) | knobs |", "| --- | ---: | ---: | ---: | --- |"]
     for task in sorted(counts, key=lambda t: t.name):
         us, values = best.get(task, (float("nan"), {}))
-        knobs = values.get("variant", values)
+        knobs = values["variant"].name() if "variant" in values else values
         lines.append(f"| {task.name} | {task.tokens} | {counts[task][0]} / {task.size()} | {us * 1e6:.1f} | {knobs} |")
     stale = sum(c[1] for c in counts.values())
     if stale:

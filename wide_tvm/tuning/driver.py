@@ -39,7 +39,7 @@ def from_sweep(paths: list[str]) -> dict:
     import json
 
     from ..bench.workloads import LLAMA_8B, TILE_SWEEP_BUCKETS
-    from ..knobs import DECODE_BUCKETS
+    from ..knobs import DECODE_BUCKETS, GemvKnobs, tile_knob
 
     best = {}
     for path in paths:
@@ -52,14 +52,14 @@ def from_sweep(paths: list[str]) -> dict:
             continue
         key = w.spec("cuda").key
         entries[key] = {
-            "decode": [[p["warps"], p["unroll"], p.get("rows", 1), p.get("stages", 0), p.get("row_warps", 1),
-                        p.get("ksplit", 1)] for p in picks],
+            "decode": [GemvKnobs(p["warps"], p["unroll"], p.get("rows", 1), p.get("stages", 0), p.get("row_warps", 1),
+                                 p.get("ksplit", 1)).to_json() for p in picks],
             "us": [round(p.get("summed_us", p.get("kernel_us", 0.0)), 1) for p in picks],
             "timed_at_tokens": [p["tokens"] for p in picks]}
         tiles = [best.get(f"{w.name}/{b}") for b in TILE_SWEEP_BUCKETS]
         if None not in tiles:  # the many-token kernels' picks (sweeps since the tile GEMM)
             entries[key].update(
-                tiles=[p["tile"] for p in tiles], tiles_us=[round(p["summed_us"], 1) for p in tiles],
+                tiles=[tile_knob(p["tile"], w.kernel_kind).to_json() for p in tiles], tiles_us=[round(p["summed_us"], 1) for p in tiles],
                 tiles_timed_at_tokens=[p["tokens"] for p in tiles])
     return entries
 

@@ -25,13 +25,13 @@ from tvm.ir.utils import derived_object
 
 from ..bench.workloads import TILE_VARIANTS, WGMMA_VARIANTS, Workload, wgmma_fits
 from ..kernel_spec import KINDS, kernel_key
-from ..weight_layout import LAYOUTS, stored_shape
-from ..schedules.gemv import k_plan, mn_plan
-from ..knobs import DECODE_BUCKETS, DEFAULT_DECODE, DIRECT_TOKENS, GemvKnobs, bucket_tokens, tile_knob
+from ..knobs import (DECODE_BUCKETS, DEFAULT_DECODE, DEFAULT_TILES, DIRECT_TOKENS, TILE_BUCKETS, GemvKnobs, TileConfig,
+                     WgmmaK, WgmmaMN, bucket_tokens, tile_knob, tile_knobs)
 from ..schedules.code_version import code_version
+from ..schedules.gemv import k_plan, mn_plan
 from ..schedules.root_block import with_root_block
-from ..knobs import DEFAULT_TILES, TILE_BUCKETS
-from ..schedules.tiles import CPU_BUCKETS, TileConfig
+from ..schedules.tiles import CPU_BUCKETS
+from ..weight_layout import LAYOUTS, stored_shape
 
 CPU_BM = (1, 2, 3, 4, 6, 8)  # tokens of a CPU kernel's register tile
 CPU_ROWS = (1, 2, 4)  # gemm_mn over [N, K] weights: weight rows of the register tile (a task: that many columns)
@@ -109,12 +109,17 @@ class KnobTask:
         # pattern-ordered gemm_k candidates only past 512 tokens, where the sort's launch is a small part of the time
         # and many tiles can share skips
         last = self.bucket == len(TILE_TOKENS) - 1
-        wg = tuple(v for v in WGMMA_VARIANTS if wgmma_fits(w, v) and (self.bucket == 0 or not tile_knob(v).swap)
-                   and (last or not (tile_knob(v).tail or tile_knob(v).order))) if self.wgmma else ()
-        return {"variant": TILE_VARIANTS + wg}
+        wg = tuple(k for k in (tile_knob(v, self.kind) for v in WGMMA_VARIANTS if wgmma_fits(w, v))
+                   if (self.bucket == 0 or not k.swap) and (last or not past_512_only(k))) if self.wgmma else ()
+        return {"variant": tuple(tile_knob(v, self.kind) for v in TILE_VARIANTS) + wg}
 
     def size(self) -> int:
         return int(np.prod([len(c) for c in self.choices().values()]))
+
+
+def past_512_only(knobs) -> bool:
+    """Whether many-token knobs are candidates of the last tile bucket only: a split tail wave or a pattern order."""
+    return bool(isinstance(knobs, WgmmaMN) and knobs.tail or isinstance(knobs, WgmmaK) and knobs.order)
 
 
 def kernel_tasks(kind: str, groups: int, group_size: int, dim: int, dtype: str, layout: str, target_kind: str,
@@ -173,8 +178,14 @@ def template(task: KnobTask) -> tvm.IRModule:
     func = tvm.script.from_source(f"@T.prim_func\ndef main({args}):\n    T.evaluate(0)\n", extra_vars={"T": T},
                                   s_tir=True)
     attrs = {f"wide.{k}": v for k, v in asdict(task).items()} | {"wide.code": code_version(task.space),
-                                                                  "wide.choices": json.dumps(task.choices())}
+                                                                  "wide.choices": choices_json(task.choices())}
     return tvm.IRModule({"main": with_root_block(func).with_attrs({"global_symbol": "main", **attrs})})
+
+
+def choices_json(choices: dict[str, tuple]) -> str:
+    """Candidate lists as a template stores them (`wide.choices`): tile knobs by field name (to_json)."""
+    return json.dumps({name: [c.to_json() if hasattr(c, "to_json") else c for c in cands]
+                       for name, cands in choices.items()})
 
 
 def task_of(mod: tvm.IRModule) -> KnobTask | None:
@@ -234,11 +245,13 @@ def knob_values(mod: tvm.IRModule) -> dict:
 def choices_of(mod: tvm.IRModule) -> dict[str, tuple]:
     """The candidate lists a template (or a record's workload) was made with: its own `wide.choices`, so a record
     keeps its meaning after a list changes (its decisions are indices into them); today's for templates that
-    predate the attribute."""
+    predate the attribute. Tile candidates are read as typed knobs from either form (by field name, or the
+    positional lists of templates made before the knobs had names)."""
+    task = task_of(mod)
     stored = mod["main"].attrs.get("wide.choices")
     if stored is None:
-        return task_of(mod).choices()
-    return {name: tuple(tuple(v) if isinstance(v, list) else v for v in cands)
+        return task.choices()
+    return {name: tuple(tile_knob(v, task.kind) for v in cands) if name == "variant" else tuple(cands)
             for name, cands in json.loads(str(stored)).items()}
 
 
@@ -253,8 +266,8 @@ def decode_plan(task: KnobTask, values: dict) -> GemvKnobs:
 def entry_value(task: KnobTask, values: dict):
     """A candidate's knobs as a kernel-knob entry holds one bucket's (kernel_knobs.json, database_entries)."""
     if task.space == "decode":
-        return list(astuple(GemvKnobs(**values)))
-    return dict(values) if "variant" not in values else list(values["variant"])
+        return GemvKnobs(**values).to_json()
+    return dict(values) if "variant" not in values else values["variant"].to_json()
 
 
 def decisions_of(task: KnobTask, values: dict) -> dict[str, int] | None:
@@ -272,7 +285,6 @@ def incumbent(task: KnobTask, entry: dict | None) -> dict[str, int] | None:
     """Decisions of the knobs the kernel runs this bucket with when the database has nothing for it: a knob
     file's entry (GPU sweep imports), else the kernel's default; None when those are not in the task's space."""
     from ..knobs import decode_knobs
-    from ..knobs import tile_knobs
     from ..schedules.tiles import cpu_default_tile, cpu_tiles, tiles_from_log
 
     entry = entry or {}
@@ -284,8 +296,8 @@ def incumbent(task: KnobTask, entry: dict | None) -> dict[str, int] | None:
         knob = (decode_knobs(entry["decode"]) if "decode" in entry else DEFAULT_DECODE)[task.bucket]
         return decisions_of(task, {name: getattr(knob, name) for name in task.choices()})
     cands = task.choices()["variant"]
-    knob = tile_knobs(entry.get("tiles"), task.wgmma)[task.bucket]
-    same = [i for i, c in enumerate(cands) if tile_knob(c) == knob]
+    knob = tile_knobs(entry.get("tiles"), task.wgmma, task.kind)[task.bucket]
+    same = [i for i, c in enumerate(cands) if c == knob]
     return {"variant": same[0]} if same else None
 
 
@@ -301,7 +313,7 @@ def instantiate(task: KnobTask, values: dict) -> tirx.PrimFunc:
         extra["decode_knobs"] = tuple(GemvKnobs(**values) if b == task.bucket else knobs
                                       for b, knobs in enumerate(DEFAULT_DECODE))
     else:
-        extra["tile_knobs"] = (tile_knob(values["variant"]),) * len(DEFAULT_TILES)
+        extra["tile_knobs"] = (values["variant"],) * len(DEFAULT_TILES)
     return gated_kernel(task.kind, task.groups, task.group_size, task.dim, task.dtype, task.layout,
                         "llvm" if task.space == "cpu" else "cuda", **extra)
 
@@ -315,7 +327,7 @@ def task_reorder(task: KnobTask, values: dict) -> tirx.PrimFunc | None:
 
     if task.space != "tile" or task.kind == "gemm_k":
         return None
-    knobs = (tile_knob(values["variant"]),) * len(DEFAULT_TILES)
+    knobs = (values["variant"],) * len(DEFAULT_TILES)
     return mask_reorder(task.groups, "cuda", gemm_mn_reorder_bound(knobs))
 
 

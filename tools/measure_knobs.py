@@ -42,7 +42,10 @@ def points_to_time(tasks: list, records: list, top: int, variants: list) -> list
             if values not in chosen:
                 chosen.append(values)
         for entry in variants:
-            v = tile_knob(entry, task.kind)
+            try:
+                v = tile_knob(entry, task.kind)
+            except ValueError:  # knobs of another kernel kind (gemm_k's stream-K for a gemm_mn)
+                continue
             values = {"variant": v}
             if v in task.choices().get("variant", ()) and values not in chosen:
                 chosen.append(values)

@@ -6,6 +6,10 @@ Seen on the ONNX that `torch.onnx.export(dynamo=True)` writes for a GQA model wi
   `'NoneType' object is not iterable`. Our `Range` keeps the symbolic length (`arange(0, tokens)`).
 - `Expand` with a constant target shape crashes on symbolic input dims (`'Var' object has no attribute
   'value'`); ours hands the shape to the converter's ShapeExpr path.
+- `Unsqueeze` whose axes are a scalar (the exporter writes one for scaled_dot_product_attention) fails with
+  `'int' object is not iterable`; ours makes the axes a vector.
+- `Tile` with constant repeats becomes an opaque TE kernel, which hides a gate's expansion chain from the
+  lowering; ours emits `relax.tile`.
 - With `keep_params_in_input`, every initializer becomes a function parameter, scalars and shape
   vectors included, which hides constants from the converters. Scalars and integer tensors are turned
   into Constant nodes first, so only weights become parameters.
@@ -97,7 +101,27 @@ class _Expand(_onnx.Expand):
         return super()._impl_v13(bb, [data, shape], attr, params)
 
 
-_OVERRIDES = {"Range": _Range, "Expand": _Expand}
+class _Unsqueeze(_onnx.Unsqueeze):
+    @classmethod
+    def _impl_v13(cls, bb, inputs, attr, params):
+        data, axes = inputs[0], _onnx.get_constant(inputs[1], params)
+        if isinstance(axes, tvm.ir.GenericConst) and axes.value.numpy().ndim == 0:  # a scalar axis
+            axes = relax.const(axes.value.numpy().reshape(1), str(axes.ty.dtype))
+        if isinstance(data, relax.Call):  # an expression the converter cannot read a rank off yet
+            data = bb.normalize(data)
+        return super()._impl_v13(bb, [data, axes], attr, params)
+
+
+class _Tile(_onnx.Tile):
+    @classmethod
+    def _impl_v13(cls, bb, inputs, attr, params):
+        reps = _onnx.get_constant(inputs[1], params)
+        if isinstance(reps, tvm.ir.GenericConst):  # relax.tile (TVM's converter emits an opaque TE kernel)
+            return relax.op.tile(inputs[0], [int(r) for r in np.asarray(reps.value.numpy()).reshape(-1)])
+        return super()._impl_v13(bb, inputs, attr, params)
+
+
+_OVERRIDES = {"Range": _Range, "Expand": _Expand, "Unsqueeze": _Unsqueeze, "Tile": _Tile}
 
 
 @contextlib.contextmanager

@@ -25,7 +25,8 @@ from ..weight_layout import TC_CHUNK, TC_ROWS, stored_shape
 from ..schedules.tiles import tiles_from_log
 from ..schedules.root_block import with_root_block
 from ..schedules.launch_bounds import as_built
-from .mask_analysis import MaskInfo, analyse_mask, op_name, resolve
+from .gate_report import UnloweredGate, derivation_vars, unlowered_gates
+from .mask_analysis import MaskInfo, Mismatch, analyse_mask, op_name, resolve
 from .patterns import gated_projection, gated_swiglu_ffn
 from .query_projection import binding_order, find_query_projection, vars_read
 
@@ -54,6 +55,7 @@ class GatedPlan:
 
     layers: list[GatedLayer] = field(default_factory=list)
     repacked: dict[str, tuple[str, str]] = field(default_factory=dict)
+    unlowered: list[UnloweredGate] = field(default_factory=list)  # routers whose gates stay dense, and why
 
     @property
     def kernels(self) -> list[KernelSpec]:
@@ -89,6 +91,24 @@ class _State:
     wgmma: bool = False  # the target compiles Hopper wgmma (sm_90a): tuned wgmma tile picks are kept
     dependent: bool = False  # kernels launched as programmatic dependents (sm_90 on: schedules/dependent_launch.py)
     build: bool = True  # False: plan only (every kernel an empty stand-in; the module is not for compiling)
+    used: set = field(default_factory=set)  # the variables every lowered layer's gate is derived from
+    mismatches: dict = field(default_factory=dict)  # gated multiply's variable -> why its gate was not lowered
+
+    def analyse(self, gated, mask, channels: int | None) -> MaskInfo | None:
+        """mask_analysis.analyse_mask of the multiply `gated` (mask times the other factor), recording a mismatch
+        under the multiply's variable for the report of unlowered gates."""
+        if not channels:
+            return None
+        value = resolve(gated, self.var2val)
+        factor = next((a for a in value.args if not a.same_as(mask)), value.args[0])
+        info = analyse_mask(mask, factor, channels, self.var2val)
+        if isinstance(info, Mismatch):
+            var = gated if isinstance(gated, relax.Var) else next(
+                (v for v, b in self.var2val.items() if b.same_as(value)), None)
+            if var is not None:
+                self.mismatches.setdefault(var, info)
+            return None
+        return info
 
     def kernel(self, name: str, build) -> tvm.ir.GlobalVar:
         if name not in self.kernels:
@@ -110,9 +130,10 @@ def _weight(expr, var2val):
 
 def _weight_dims(weight, layout: str) -> tuple[int, int] | None:
     """(N, K) of a weight tensor stored in `layout`."""
-    if weight.ty.shape is None:
-        return None
-    rows, cols = (int(d) for d in weight.ty.shape.values)
+    shape = weight.ty.shape if isinstance(weight.ty, relax.TensorType) else None
+    if shape is None or len(shape.values) != 2 or not all(isinstance(d, tvm.tirx.IntImm) for d in shape.values):
+        return None  # (a batched or symbolic operand: attention's probs @ v, not a weight)
+    rows, cols = (int(d) for d in shape.values)
     return (rows, cols) if layout == "nk" else (cols, rows)
 
 
@@ -154,17 +175,26 @@ def _flat_mask(info: MaskInfo, tokens) -> relax.Expr:
     return relax.op.astype(relax.op.reshape(info.root, relax.ShapeExpr([tokens, info.groups])), "int32")
 
 
-def _is_attention(operand, var2val, depth: int = 10) -> bool:
-    """The gated operand is an attention output: a softmax within a few producers upstream."""
-    frontier = [operand]
+ATTENTION_OPS = {"relax.nn.softmax", "relax.nn.attention", "relax.nn.attention_bias", "relax.nn.attention_var_len"}
+
+
+def _is_attention(operand, var2val, depth: int = 64) -> bool:
+    """The gated operand is an attention output: a softmax (or an attention op) upstream of it, found without
+    crossing a linear layer (a matmul with a 2-D weight), so another layer's attention never counts."""
+    frontier, seen = [operand], set()
     for _ in range(depth):
         nxt = []
         for expr in frontier:
             value = resolve(expr, var2val)
-            if op_name(value) == "relax.nn.softmax":
+            if op_name(value) in ATTENTION_OPS:
                 return True
+            if op_name(value) == "relax.matmul" and _weight_dims(*_weight(value.args[1], var2val)) is not None:
+                continue
             if isinstance(value, relax.Call):
-                nxt.extend(a for a in value.args if isinstance(a, relax.Var))
+                for a in value.args:
+                    if isinstance(a, relax.Var) and a not in seen:
+                        seen.add(a)
+                        nxt.append(a)
         frontier = nxt
     return False
 
@@ -241,7 +271,10 @@ def _kernel_layout(state: _State, weights: list, layout: str, kind: str, group_s
 def _gemm_k_plan(state: _State, weight_expr, info: MaskInfo, dtype: str):
     """(weight, layout, N) gemm_k will read (repacked where that pays), or None if W does not fit."""
     weight, layout = _weight(weight_expr, state.var2val)
-    n_dim, k_dim = _weight_dims(weight, layout)
+    dims = _weight_dims(weight, layout)
+    if dims is None:
+        return None
+    n_dim, k_dim = dims
     if k_dim != info.groups * info.group_size or str(weight.ty.dtype) != dtype:
         return None
     (weight,), layout = _kernel_layout(state, [weight], layout, "gemm_k", info.group_size, n_dim, dtype)
@@ -270,8 +303,7 @@ def _channels_of(weight_expr, var2val) -> int | None:
 def _rewrite_ffn(state: _State, pat):
     def callback(expr, m):
         v2v = state.var2val
-        k = _channels_of(m[pat.proj.weight], v2v)
-        info = analyse_mask(m[pat.proj.mask], m[pat.act], k, v2v) if k else None
+        info = state.analyse(m[pat.proj.gated], m[pat.proj.mask], _channels_of(m[pat.proj.weight], v2v))
         if info is None:
             return expr
         xg, xu = _strip_reshape(m[pat.x_gate], v2v), _strip_reshape(m[pat.x_up], v2v)
@@ -301,6 +333,7 @@ def _rewrite_ffn(state: _State, pat):
         out, down = _gemm_k_call(state, h, tokens, dtype, down_plan, info, reorder, expr)
         state.layers.append(GatedLayer("ffn", G, gs, [reorder_name, mn_name, down[0]],
                                        [_name(wg), _name(wu), _name(down[1])], [mn_spec, down[2]]))
+        state.used |= derivation_vars(info.var if info.var is not None else info.root, state.var2val)
         return out
 
     return callback
@@ -310,7 +343,7 @@ def _rewrite_projection(state: _State, pat):
     def callback(expr, m):
         v2v = state.var2val
         k = _channels_of(m[pat.weight], v2v)
-        info = analyse_mask(m[pat.mask], m[pat.operand], k, v2v) if k else None
+        info = state.analyse(m[pat.gated], m[pat.mask], k)
         if info is None:
             return expr
         operand = m[pat.operand]
@@ -327,6 +360,7 @@ def _rewrite_projection(state: _State, pat):
         kind = "attention" if _is_attention(m[pat.operand], v2v) else "projection"
         layer = GatedLayer(kind, info.groups, info.group_size, [reorder_name, kern[0]], [_name(kern[1])], [kern[2]])
         state.layers.append(layer)
+        state.used |= derivation_vars(info.var if info.var is not None else info.root, state.var2val)
         if kind == "attention":
             plan = _query_plan(state, m[pat.operand], info, str(operand.ty.dtype), layer)
             if plan is not None:
@@ -423,7 +457,8 @@ class LowerGatedLayers:
     """Find router-gated layers with dpl patterns and lower them; `self.plan` (GatedPlan) says what was lowered.
 
     `build=False` plans only: the module it returns calls empty stand-ins instead of the kernels (seconds instead of
-    a build of every kernel; what `wide-tune MODEL` reads)."""
+    a build of every kernel; what `wide-tune MODEL` reads). Routers whose gates stay dense are listed in
+    `plan.unlowered` (gate_report.py)."""
 
     def __init__(self, target_kind: str, enabled: bool = True, knobs: dict | None = None, wgmma: bool = False,
                  dependent: bool = False, build: bool = True):
@@ -454,6 +489,8 @@ class LowerGatedLayers:
             func = rewrite_call(proj.root, _rewrite_projection(state, proj), func)
             if state.queries:
                 func = rewrite_call(is_op("relax.matmul")(wildcard(), wildcard()), _rewrite_query(state), func)
+            self.plan.unlowered.extend(unlowered_gates(func, relax.analysis.get_var2val(func), state.used,
+                                                       state.mismatches))
             if state.repacked:
                 func = _replace_params(func, state.repacked)
                 self.plan.repacked.update({p.name: (src, have) for p, (_, src, have) in state.repacked.items()})

@@ -26,7 +26,9 @@ FREE, MIXED = -1, -2  # labels: depends on no query element / on several (token,
 ELEMENTWISE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power", "relax.maximum",
                "relax.minimum", "relax.where", "relax.negative", "relax.exp", "relax.sqrt", "relax.rsqrt",
                "relax.sigmoid", "relax.tanh", "relax.abs", "relax.cos", "relax.sin", "relax.erf", "relax.astype",
-               "relax.nn.silu", "relax.square", "relax.clip"}
+               "relax.nn.silu", "relax.square", "relax.clip", "relax.equal", "relax.not_equal", "relax.less",
+               "relax.less_equal", "relax.greater", "relax.greater_equal", "relax.logical_and", "relax.logical_or",
+               "relax.logical_not"}  # (comparisons: torch.export's SDPA checks for fully masked rows)
 REDUCTIONS = {"relax.mean", "relax.sum", "relax.max", "relax.min", "relax.variance"}
 
 
@@ -157,6 +159,8 @@ class _LabelRun:
             out = np.broadcast_to(_reduce(x, [attrs.axis], True), x.shape)
         elif op == "relax.nn.rms_norm":
             out = _merge(np.broadcast_to(_reduce(x, attrs.axes, True), x.shape), self._arg(call.args[1]))
+        elif op in ("relax.full_like", "relax.zeros_like", "relax.ones_like"):  # only x's shape is read
+            out = np.full(_shape(bound), FREE)
         elif op == "relax.matmul":
             a, b = x, self._arg(call.args[1])
             if a.ndim < 2 or b.ndim < 2:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import wide_tvm
 from wide_tvm.frontends.export import export_model
@@ -39,8 +40,45 @@ class CausalMaskExpand(torch.nn.Module):
         return torch.softmax(scores, dim=-1)
 
 
+class Sdpa(torch.nn.Module):
+    """torch's scaled_dot_product_attention as Hugging Face models call it (its ONNX export: a scalar Unsqueeze axis,
+    which TVM's importer could not take): GQA heads through `enable_gqa` or repeated, causal or an explicit mask."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.embed = torch.nn.Embedding(32, 16)
+
+    def forward(self, input_ids):
+        x = self.embed(input_ids)  # [1, T, 16]
+        t = x.shape[1]
+        q = x.view(1, t, 4, 4).transpose(1, 2)  # 4 query heads
+        kv = x[..., :8].view(1, t, 2, 4).transpose(1, 2)  # 2 key / value heads
+        if self.kind == "gqa":
+            return F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
+        kv = kv.repeat_interleave(2, dim=1)
+        if self.kind == "causal":
+            return F.scaled_dot_product_attention(q, kv, kv, is_causal=True)
+        return F.scaled_dot_product_attention(q, kv, kv, attn_mask=causal_mask(t, x))  # an explicit additive mask
+
+
+class SdpaGqa(Sdpa):
+    def __init__(self):
+        super().__init__("gqa")
+
+
+class SdpaCausal(Sdpa):
+    def __init__(self):
+        super().__init__("causal")
+
+
+class SdpaMask(Sdpa):
+    def __init__(self):
+        super().__init__("mask")
+
+
 @pytest.mark.parametrize("fmt", ["onnx", "pt2"])
-@pytest.mark.parametrize("module", [RopePositions, CausalMaskExpand])
+@pytest.mark.parametrize("module", [RopePositions, CausalMaskExpand, SdpaGqa, SdpaCausal, SdpaMask])
 def test_construct_imports_and_runs(tmp_path, fmt, module):
     torch.manual_seed(0)
     model = module().eval()

@@ -19,7 +19,7 @@ from wide_tvm.frontends.export import export_model
 from wide_tvm.frontends.loader import import_model
 from wide_tvm.model import WideConfig, build_example, example_inputs
 from wide_tvm.passes.lower_gated import _channels_of, _is_attention
-from wide_tvm.passes.mask_analysis import analyse_mask
+from wide_tvm.passes.mask_analysis import MaskInfo, analyse_mask
 from wide_tvm.passes.patterns import gated_projection
 from wide_tvm.passes.query_projection import FREE, MIXED, _merge, _reduce, find_query_projection
 
@@ -39,7 +39,7 @@ def _query_weights(path) -> list:
 
     def callback(expr, m):
         info = analyse_mask(m[pat.mask], m[pat.operand], _channels_of(m[pat.weight], v2v), v2v)
-        if info is not None and _is_attention(m[pat.operand], v2v):
+        if isinstance(info, MaskInfo) and _is_attention(m[pat.operand], v2v):
             q = find_query_projection(func, m[pat.operand], info, v2v)
             weight = None if q is None else v2v[q].args[1]
             found.append(None if weight is None else str(v2v.get(weight, weight)))

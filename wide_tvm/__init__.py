@@ -9,11 +9,12 @@ from .errors import WideError
 
 
 def compile(model, target: str = "llvm", tuning_log: str | None = None, dense: bool = False,  # noqa: A001
-            dependent_launch: bool = True):
-    """Compile a .onnx/.pt2 path or an ExportedProgram; returns an object with `.export(path)`."""
+            dependent_launch: bool = True, strict: bool = False):
+    """Compile a .onnx/.pt2 path or an ExportedProgram; returns an object with `.export(path)`. `strict`: a router
+    whose gate is not recognised is an error (else a warning, and its layer runs dense)."""
     from .compiler import compile as _compile
 
-    return _compile(model, target, tuning_log, dense, dependent_launch)
+    return _compile(model, target, tuning_log, dense, dependent_launch, strict)
 
 
 def load(path: str, device: str = "cpu"):

@@ -37,6 +37,9 @@ def export_main(argv=None) -> int:
     ex.add_argument("--config", help="WideConfig as JSON (default: the bundled tiny example)")
     ex.add_argument("--seed", type=int, default=0, help="seed of the deterministic example weights")
     p.add_argument("--tokens", type=int, default=7, help="token count of the example input used for tracing")
+    p.add_argument("--attention", choices=("eager", "sdpa"), default="eager",
+                   help="attention as written-out scores and softmax (default), or one scaled_dot_product_attention "
+                        "call per layer (as Hugging Face runs it)")
     args = p.parse_args(argv)
     try:
         from .frontends.export import export_model
@@ -64,6 +67,7 @@ def export_main(argv=None) -> int:
             except (ValueError, TypeError) as err:
                 raise WideError(f"--config: {err}") from None
             model = build_example(cfg, seed=args.seed)
+        cfg.attention = args.attention  # (the model's layers read their config when they run)
         for out in args.output:
             with contextlib.redirect_stdout(io.StringIO()):
                 export_model(model, example_inputs(cfg, args.tokens), out)
@@ -80,6 +84,8 @@ def compile_main(argv=None) -> int:
                    help="llvm, cuda (sm_90), cuda:sm_XX, a TVM tag (nvidia/nvidia-h100) or target JSON")
     p.add_argument("-o", "--output", required=True, help="OUT.so (weights go to OUT.weights.npz)")
     p.add_argument("--tuning-log", help="MetaSchedule database folder (default: tuning_logs/<target>/ if present)")
+    p.add_argument("--strict", action="store_true",
+                   help="fail (exit 2) when a router's gate is not recognised, instead of compiling its layer dense")
     p.add_argument("--no-dependent-launch", action="store_true",
                    help="sm_90+: launch the gated kernels plainly, not as programmatic dependents of the kernel before "
                         "them (for drivers or runtimes without programmatic dependent launch)")
@@ -90,9 +96,9 @@ def compile_main(argv=None) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             compiled = wide_compile(args.model, args.target, args.tuning_log,
-                                    dependent_launch=not args.no_dependent_launch)
+                                    dependent_launch=not args.no_dependent_launch, strict=args.strict)
         for w in caught:
-            if w.category.__name__ == "NoGatedLayersWarning":
+            if w.category.__name__ in ("NoGatedLayersWarning", "UnloweredGateWarning"):
                 print(f"warning: {w.message}", file=sys.stderr)
         compiled.export(args.output)
         print(compiled.summary())

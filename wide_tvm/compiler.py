@@ -20,6 +20,11 @@ class NoGatedLayersWarning(UserWarning):
     """The model has no router-gated layers; it was compiled dense."""
 
 
+class UnloweredGateWarning(UserWarning):
+    """A router's gate was not recognised (passes/gate_report.py): its layer runs dense. `strict=True` (wide-compile
+    --strict) makes it an error."""
+
+
 @dataclass
 class Compiled:
     """A compiled WIDE model: the TVM executable, its weights and what the passes lowered."""
@@ -29,6 +34,7 @@ class Compiled:
     target: object
     layers: list = field(default_factory=list)
     tuning_log: str | None = None
+    unlowered: list = field(default_factory=list)  # gate_report.UnloweredGate of each router left dense
 
     @property
     def device_kind(self) -> str:
@@ -37,7 +43,8 @@ class Compiled:
     def meta(self) -> dict:
         return {"format": 1, "target": str(self.target), "device": self.device_kind,
                 "input_names": self.model.input_names, "weight_names": self.model.weight_names,
-                "layers": [layer.to_json() for layer in self.layers], "source": str(self.model.source)}
+                "layers": [layer.to_json() for layer in self.layers],
+                "unlowered_gates": [gate.to_json() for gate in self.unlowered], "source": str(self.model.source)}
 
     def export(self, path: str) -> str:
         """Write PATH (TVM library) and its weights file atomically; returns PATH."""
@@ -55,6 +62,9 @@ class Compiled:
         for i, layer in enumerate(self.layers):
             lines.append(f"  [{i}] {layer.kind}: {layer.groups} groups x {layer.group_size} channels -> "
                          f"{', '.join(layer.kernels)}; weights {', '.join(layer.weights)}")
+        if self.unlowered:
+            lines.append(f"router gates not recognised (their layers run dense): {len(self.unlowered)}")
+            lines += [f"  {gate}" for gate in self.unlowered]
         lines.append(f"weights: {len(self.model.weights)} tensors kept as parameters, saved beside the library "
                      f"(*.weights.npz), {sum(w.nbytes for w in self.model.weights) / 2**20:.2f} MiB")
         if self.tuning_log:
@@ -93,12 +103,26 @@ def prepare_builds() -> None:
     prepare_cuda_aot()  # before the first `import tvm` (a no-op where a real driver exists)
 
 
+def _check_every_gate(imported, tgt) -> None:
+    """WideError naming every router whose gate the lowering would leave dense (compile's `strict`)."""
+    from .passes import LowerGatedLayers
+
+    plan = LowerGatedLayers(tgt.kind.name, build=False)
+    with tgt:
+        plan(imported.mod)
+    if plan.plan.unlowered:
+        raise WideError(f"{imported.source}: {len(plan.plan.unlowered)} router gate(s) not lowered (strict): "
+                        + "; ".join(map(str, plan.plan.unlowered)))
+
+
 def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa: A001
-            dense: bool = False, dependent_launch: bool = True) -> Compiled:
+            dense: bool = False, dependent_launch: bool = True, strict: bool = False) -> Compiled:
     """Compile a .onnx / .pt2 path or an ExportedProgram for `target` (see `parse_target`).
 
     `dense=True` skips the gated-layer lowering: the same pipeline, TVM's dense kernels (a baseline).
     `dependent_launch=False` launches the gated kernels plainly on sm_90+ too (schedules/dependent_launch.py).
+    A router whose gate is not recognised leaves its layer dense with an UnloweredGateWarning naming the router and
+    the node where recognition stopped; `strict=True` raises a WideError instead.
     """
     prepare_builds()
     import tvm
@@ -120,6 +144,8 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     log = _tuning_log(tgt, tuning_log)
     lower = LowerGatedLayers(tgt.kind.name, enabled=not dense, knobs=load_knobs(log), wgmma=has_wgmma(tgt),
                              dependent=dependent_launch and launches_dependents(tgt))
+    if strict and not dense:  # fail before the build: the lowering's plan alone (no kernel built) names them
+        _check_every_gate(imported, tgt)
     ms_log = log if log and os.path.exists(os.path.join(log, WORKLOAD_FILE)) else None
     try:
         with tgt:
@@ -134,7 +160,9 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     if repacked:  # weights the kernels read in another layout: repack the stored arrays once, here
         imported.weights = [_repacked(w, *repacked[name]) if name in repacked else w
                             for w, name in zip(imported.weights, imported.weight_names)]
+    for gate in lower.plan.unlowered:
+        warnings.warn(f"{imported.source}: {gate}", UnloweredGateWarning, stacklevel=2)
     if not lower.plan.layers and not dense:
         warnings.warn(f"{imported.source}: no router-gated layers found; compiled dense", NoGatedLayersWarning,
                       stacklevel=2)
-    return Compiled(executable, imported, tgt, lower.plan.layers, log)
+    return Compiled(executable, imported, tgt, lower.plan.layers, log, lower.plan.unlowered)

@@ -27,6 +27,9 @@ class WideConfig:
     rope_inv_freq: list[float] | None = None  # explicit RoPE frequencies (scaled RoPE, e.g. Llama 3.1)
     rope_scaling_factor: float = 1.0  # multiplies cos/sin (Hugging Face's attention_scaling)
     gated_layers: list[int] | None = field(default=None)  # None: every layer is gated
+    # "eager": scores, causal mask and softmax written out (repeat_kv's expand); "sdpa": one
+    # F.scaled_dot_product_attention call (causal, GQA through enable_gqa), as Hugging Face's default runs it
+    attention: str = "eager"
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -34,6 +37,8 @@ class WideConfig:
         if self.num_heads % self.attn_group_size:
             raise ValueError(
                 f"attn_group_size={self.attn_group_size} does not divide num_heads={self.num_heads}")
+        if self.attention not in ("eager", "sdpa"):
+            raise ValueError(f"attention={self.attention!r}: 'eager' or 'sdpa'")
         if self.intermediate_size % self.ffn_group_size:
             raise ValueError(
                 f"ffn_group_size={self.ffn_group_size} does not divide intermediate_size={self.intermediate_size}")

@@ -106,11 +106,14 @@ class GatedAttention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         n_rep = cfg.num_heads // cfg.num_kv_heads
-        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
-        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(cfg.head_dim)
-        scores = scores + causal_mask(t, x)
-        probs = F.softmax(scores, dim=-1)
-        out = torch.matmul(probs, v).transpose(1, 2)  # [b, t, heads, d]
+        if cfg.attention == "sdpa":
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=n_rep > 1).transpose(1, 2)
+        else:
+            k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+            scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(cfg.head_dim)
+            scores = scores + causal_mask(t, x)
+            probs = F.softmax(scores, dim=-1)
+            out = torch.matmul(probs, v).transpose(1, 2)  # [b, t, heads, d]
         if mask is not None:
             groups = cfg.attn_groups
             out = out.reshape(b, t, groups, cfg.attn_group_size * cfg.head_dim) * mask.unsqueeze(-1)

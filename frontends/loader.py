@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
+from tvm import relax
 
 from ..errors import WideError
 from .onnx_import import import_onnx
@@ -22,6 +23,45 @@ class ImportedModel:
     weight_names: list[str]
     input_names: list[str]
     source: str
+
+    def input_specs(self) -> list[dict]:
+        """Per model input: name, dtype, shape (None for a symbolic dimension) and `index_bound`: the length of the
+        table it indexes (a take of a weight: the vocabulary for token ids), None where it indexes none. The runtime
+        checks calls against them (runtime.py)."""
+        main = self.mod["main"]
+        var2val = relax.analysis.get_var2val(main)
+        params = list(main.params[:len(self.input_names)])
+        bounds: dict = {}
+        for value in var2val.values():
+            if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.take"):
+                continue
+            table, index = value.args
+            shape = table.ty.shape.values if isinstance(table.ty, relax.TensorType) and table.ty.shape else None
+            sources = _index_sources(index, var2val)  # (ONNX's Gather wraps negative ids: where(ids < 0, ids + V, ids))
+            for p in params:
+                if any(x.same_as(p) for x in sources) and shape \
+                        and isinstance(shape[int(value.attrs.axis or 0)], tvm.tirx.IntImm):
+                    bound = int(shape[int(value.attrs.axis or 0)])
+                    bounds[p.name] = min(bound, bounds.get(p.name, bound))
+        return [{"name": p.name, "dtype": str(p.ty.dtype),
+                 "shape": [int(d) if isinstance(d, tvm.tirx.IntImm) else None for d in p.ty.shape.values],
+                 "index_bound": bounds.get(p.name)} for p in params]
+
+
+def _index_sources(index, var2val, depth: int = 4) -> list:
+    """The variables an index tensor is computed from through a few elementwise or layout ops."""
+    out, frontier = [], [index]
+    for _ in range(depth):
+        nxt = []
+        for expr in frontier:
+            out.append(expr)
+            value = var2val.get(expr) if isinstance(expr, relax.Var) else expr
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in (
+                    "relax.reshape", "relax.astype", "relax.squeeze", "relax.expand_dims", "relax.where", "relax.add",
+                    "relax.less", "relax.greater_equal"):
+                nxt += [a for a in value.args if isinstance(a, relax.Var)]
+        frontier = nxt
+    return out + frontier
 
 
 def import_model(model, origin: str | None = None) -> ImportedModel:

@@ -8,6 +8,10 @@ legalization: it hands `topi.full` a PrimType where a dtype string is expected
 element of an RMSNorm on the H200 (seen with a 1 x 3 x 64 fp32 input; `mean` alone was exact). Small
 integral exponents become multiplications, exactly as PyTorch computes them.
 
+`relax.take` in its default "fast" mode reads out of bounds for an index past the table (a token id >= the vocabulary
+reaching the embedding: a segfault at 1e9, TVM warns on every compile); clip mode keeps every read in the table, so a
+caller that bypasses the Python wrapper's id check (runtime.py) cannot read past it.
+
 `relax.argmax` / `relax.argmin` over bf16 (a bf16 model's router picking execute or skip) legalizes to a reduction
 whose bf16 comparison TVM's BF16 legalization cannot lower ("Check failed: StructuralEqual(value->ty, var->ty)");
 bf16 widens to fp32 exactly, so the reduction runs over the fp32 values and picks the same index.
@@ -63,5 +67,10 @@ def _search_in_fp32(te_func):
     return legalize
 
 
-WIDE_LEGALIZATIONS = {"relax.full": _legalize_full, "relax.power": _legalize_power,
+def _legalize_take(bb: relax.BlockBuilder, call) -> relax.Expr:
+    mode = "clip" if str(call.attrs.mode) == "fast" else str(call.attrs.mode)
+    return bb.call_te(topi.take, call.args[0], call.args[1], call.attrs.axis, mode=mode, primfunc_name_hint="take")
+
+
+WIDE_LEGALIZATIONS = {"relax.full": _legalize_full, "relax.power": _legalize_power, "relax.take": _legalize_take,
                       "relax.argmax": _search_in_fp32(topi.argmax), "relax.argmin": _search_in_fp32(topi.argmin)}

@@ -1,13 +1,18 @@
 """The deployable output: `NAME.so` (TVM library) plus `NAME.weights.npz` (weights and metadata).
 
 Both are written to temporary names first and renamed at the end, so a failed compile leaves no
-partial output file behind.
+partial output file behind: also on SIGINT / SIGTERM, and after a SIGKILL the next write into that folder removes
+the temporary files of processes that no longer run. `check_output` refuses a path that cannot take them before
+anything is built.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import threading
 from contextlib import contextmanager
 
 import numpy as np
@@ -26,17 +31,83 @@ def weights_path(lib_path: str) -> str:
     return root + ".weights.npz"
 
 
+def check_output(lib_path: str, sources: tuple = ()) -> None:
+    """WideError unless LIB_PATH and its weights file can be written: neither is a folder or one of `sources` (the
+    model being compiled), and the nearest existing folder above them is a folder this process may write in."""
+    from .errors import WideError
+
+    outs = [os.path.abspath(lib_path), os.path.abspath(weights_path(lib_path))]
+    for out in outs:
+        if os.path.isdir(out):
+            raise WideError(f"{lib_path}: {out} is a folder; give the library a file name (NAME.so)")
+        for src in sources:
+            if isinstance(src, (str, os.PathLike)) and (os.path.abspath(src) == out or (
+                    os.path.exists(out) and os.path.exists(src) and os.path.samefile(src, out))):
+                raise WideError(f"{lib_path}: would overwrite the model file {src}")
+    parent = os.path.dirname(outs[0])
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise WideError(f"{lib_path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise WideError(f"{lib_path}: cannot write in {parent} (permission denied)")
+
+
+_TMP = re.compile(r"\..+\.(\d+)\.tmp\.(so|npz)")
+
+
+def remove_stale_temporaries(folder: str) -> list[str]:
+    """Remove the temporary outputs (atomic_outputs) of processes that no longer run; returns their names."""
+    removed = []
+    for name in os.listdir(folder):
+        m = _TMP.fullmatch(name)
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # that process still runs (or is not ours to signal): its files stay
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            os.remove(os.path.join(folder, name))
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+def _exit_on_term(signum, _frame):
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def _terminate_as_exit():
+    """Within: SIGTERM raises SystemExit (as SIGINT raises KeyboardInterrupt), so cleanups run (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _exit_on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextmanager
 def atomic_outputs(lib_path: str):
     """Yields (tmp_lib, tmp_weights); renames them onto the real names only if the body succeeds."""
     out_dir = os.path.dirname(os.path.abspath(lib_path))
     os.makedirs(out_dir, exist_ok=True)
+    remove_stale_temporaries(out_dir)
     tmp_lib = os.path.join(out_dir, f".{os.path.basename(lib_path)}.{os.getpid()}.tmp.so")
     tmp_w = os.path.join(out_dir, f".{os.path.basename(lib_path)}.{os.getpid()}.tmp.npz")
     try:
-        yield tmp_lib, tmp_w
-        os.replace(tmp_w, weights_path(lib_path))
-        os.replace(tmp_lib, lib_path)
+        with _terminate_as_exit():
+            yield tmp_lib, tmp_w
+            os.replace(tmp_w, weights_path(lib_path))
+            os.replace(tmp_lib, lib_path)
     finally:
         for tmp in (tmp_lib, tmp_w):
             if os.path.exists(tmp):

@@ -92,6 +92,9 @@ def compile_main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         from . import compile as wide_compile
+        from .artifact import check_output
+
+        check_output(args.output, (args.model,))  # before the build: a path that cannot take the library fails now
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import weight_layout
-from .artifact import atomic_outputs, save_weights
+from .artifact import atomic_outputs, check_output, save_weights
 from .cpu_threads import use_physical_cores
 from .cuda_aot import cuda_codegen, nvcc_path, prepare_cuda_aot
 from .errors import WideError
@@ -42,12 +42,14 @@ class Compiled:
 
     def meta(self) -> dict:
         return {"format": 1, "target": str(self.target), "device": self.device_kind,
-                "input_names": self.model.input_names, "weight_names": self.model.weight_names,
+                "input_names": self.model.input_names, "inputs": self.model.input_specs(),
+                "weight_names": self.model.weight_names,
                 "layers": [layer.to_json() for layer in self.layers],
                 "unlowered_gates": [gate.to_json() for gate in self.unlowered], "source": str(self.model.source)}
 
     def export(self, path: str) -> str:
         """Write PATH (TVM library) and its weights file atomically; returns PATH."""
+        check_output(path, (self.model.source,))
         with atomic_outputs(path) as (tmp_lib, tmp_weights):
             with self.target:
                 self.executable.export_library(tmp_lib)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 
 import numpy as np
 
@@ -32,7 +33,12 @@ def ensure_cuda_runtime(tvm) -> None:
 
 
 class WideModel:
-    """Callable compiled model: `model(input_ids)` -> logits, NumPy in / NumPy out (torch in / torch out)."""
+    """Callable compiled model: `model(input_ids)` -> logits, NumPy in / NumPy out (torch in / torch out).
+
+    Safe to share between threads: each thread runs its own virtual machine over the one loaded library and the
+    one copy of the weights (a TVM VM keeps per-call state and is not reentrant). Inputs are checked against what
+    the library was compiled for (rank, fixed dimensions, integer dtype, token ids inside the vocabulary) and a
+    call that does not fit is a WideError; int32 ids are widened to the int64 the library takes."""
 
     def __init__(self, path: str, device: str = "cpu"):
         use_physical_cores()  # before TVM's CPU thread pool starts
@@ -55,8 +61,16 @@ class WideModel:
         except Exception as err:  # noqa: BLE001
             raise WideError(f"{path}: cannot load library: {str(err).strip().splitlines()[-1]}") from None
         self._tvm = tvm
-        self.vm = rvm.VirtualMachine(lib, self.device)
+        self._lib, self._vm_class, self._local = lib, rvm.VirtualMachine, threading.local()
         self.weights = [tvm.runtime.tensor(w, self.device) for w in weights]
+
+    @property
+    def vm(self):
+        """This thread's virtual machine over the shared library."""
+        vm = getattr(self._local, "vm", None)
+        if vm is None:
+            vm = self._local.vm = self._vm_class(self._lib, self.device)
+        return vm
 
     @property
     def input_names(self) -> list[str]:
@@ -71,8 +85,10 @@ class WideModel:
         if len(inputs) != len(self.input_names):
             raise WideError(f"model takes {len(self.input_names)} input(s) {self.input_names}, got {len(inputs)}")
         is_torch = type(inputs[0]).__module__.startswith("torch")
+        specs = self.meta.get("inputs") or [None] * len(inputs)  # (libraries compiled before 2026-12-07: none)
         args = []
-        for x in inputs:
+        for x, spec in zip(inputs, specs):
+            x = _checked(x, spec, is_torch)
             if is_torch:
                 x = x.contiguous()
                 args.append(self._tvm.runtime.from_dlpack(x) if x.device.type == self.meta["device"]
@@ -86,6 +102,34 @@ class WideModel:
 
             return [torch.from_dlpack(o) for o in outs]
         return [o.numpy() for o in outs]
+
+
+def _checked(x, spec: dict | None, is_torch: bool):
+    """`x` as the library takes input `spec` (compiler.Compiled.meta: name, dtype, shape, index_bound), widened from
+    a narrower integer dtype; WideError where it does not fit."""
+    if spec is None:
+        return x
+    name, want = spec["name"], spec["dtype"]
+    dtype = str(x.dtype).replace("torch.", "") if is_torch else np.asarray(x).dtype.name
+    shape = tuple(x.shape)
+    if len(shape) != len(spec["shape"]) or any(w is not None and w != s for w, s in zip(spec["shape"], shape)):
+        dims = ", ".join("T" if d is None else str(d) for d in spec["shape"])
+        raise WideError(f"{name}: shape {list(shape)}, the model takes [{dims}]")
+    if any(s == 0 for s in shape):
+        raise WideError(f"{name}: shape {list(shape)} holds no tokens")
+    if want.startswith("int"):
+        if not dtype.startswith(("int", "uint")):
+            raise WideError(f"{name}: dtype {dtype}; the model takes integers ({want})")
+        x = x.to(getattr(__import__("torch"), want)) if is_torch else np.asarray(x).astype(want, copy=False)
+        bound = spec.get("index_bound")
+        if bound is not None:
+            lo, hi = (int(x.min()), int(x.max()))
+            if lo < 0 or hi >= bound:
+                bad = lo if lo < 0 else hi
+                raise WideError(f"{name}: id {bad} is outside [0, {bound}) (the table it indexes has {bound} rows)")
+    elif dtype != want:
+        raise WideError(f"{name}: dtype {dtype}; the model takes {want}")
+    return x
 
 
 def load(path: str, device: str = "cpu") -> WideModel:

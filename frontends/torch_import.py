@@ -9,14 +9,27 @@ from ..errors import WideError
 
 
 def load_exported_program(path: str):
+    """The ExportedProgram of a .pt2, read without running code from it (pt2_archive.safe_archive) and without
+    torch's own log lines (its error becomes one WideError)."""
+    import logging
+
     import torch
 
+    from .pt2_archive import safe_archive
+
+    archive = safe_archive(path)
+    loggers = [logging.getLogger(name) for name in ("torch.export", "torch._export.serde.serialize")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
     try:
-        return torch.export.load(path)
-    except FileNotFoundError:
-        raise WideError(f"{path}: no such model file") from None
-    except Exception as err:
-        raise WideError(f"{path}: not a readable torch.export program ({type(err).__name__}: {err})") from None
+        return torch.export.load(archive)
+    except Exception as err:  # noqa: BLE001 - torch's deserialization errors vary; one line names the file
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise WideError(f"{path}: not a readable torch.export program ({type(err).__name__}: {first})") from None
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def _matmul(node, importer):

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
+
+# the tests never read or write the developer's own tunings (tuning/folders.py: user_root), only the shipped ones
+os.environ["WIDE_TVM_TUNING_HOME"] = tempfile.mkdtemp(prefix="wide-tunings-")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n N: the workers fill the cores already; a TVM pool of every
     os.environ.setdefault("TVM_NUM_THREADS", "1")  # core in each of them only contends (set before wide_tvm is)

@@ -24,12 +24,22 @@ import os
 import re
 
 
+def _tuning_root():
+    """The committed tunings of the package under test (tuning/folders.py; a compiler constant before 2026-12-07)."""
+    try:
+        from wide_tvm.tuning.folders import shipped_root
+    except ImportError:
+        from wide_tvm.compiler import REPO_TUNING_LOGS
+
+        return REPO_TUNING_LOGS
+    return shipped_root()
+
+
 def _cuda(out: str, sweep: str | None) -> int:
     import tvm
     import tvm_ffi
 
     from wide_tvm.bench import build as B
-    from wide_tvm.compiler import REPO_TUNING_LOGS
     from wide_tvm.schedules.launch_bounds import as_built
     from wide_tvm.targets import parse_target, target_folder
 
@@ -46,7 +56,7 @@ def _cuda(out: str, sweep: str | None) -> int:
 
     os.makedirs(os.path.join(out, "cuda"), exist_ok=True)
     with tgt:
-        tuned = load(str(REPO_TUNING_LOGS / target_folder(tgt)))
+        tuned = load(str(_tuning_root() / target_folder(tgt)))
         workloads = B.with_bounds(B.LLAMA_8B, "cuda", tuned, True)
         funcs = {name: as_built(f, True) for name, f in B.our_kernels(workloads, "cuda", sweep, tuned, True).items()}
         for name, func in sorted(funcs.items()):
@@ -62,7 +72,6 @@ def _cpu(out: str) -> int:
     import tvm
 
     from wide_tvm.bench.cpu import cpu_workloads
-    from wide_tvm.compiler import REPO_TUNING_LOGS
     from wide_tvm.schedules import gated_kernel
     from wide_tvm.schedules.tiles import tiles_from_log
     from wide_tvm.targets import parse_target
@@ -72,7 +81,7 @@ def _cpu(out: str) -> int:
     except ImportError:  # before the tuning subpackage
         from wide_tvm.kernel_knobs import load
 
-    tuned = load(str(REPO_TUNING_LOGS / "llvm"))
+    tuned = load(str(_tuning_root() / "llvm"))
     tgt = parse_target("llvm:x86-64-v3")  # a fixed CPU: the same code on any build host
     os.makedirs(os.path.join(out, "cpu"), exist_ok=True)
     workloads = cpu_workloads()

@@ -8,11 +8,13 @@ anything is built.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import signal
 import threading
+import zipfile
 from contextlib import contextmanager
 
 import numpy as np
@@ -24,6 +26,8 @@ try:
 except ImportError:  # a runtime-only install without it: it has no bf16 arrays to save, and loads refuse them
     BF16 = None
 META_KEY = "__wide_meta__"
+# Metadata format of NAME.weights.npz: 2 binds the weights to their library (`library_sha256`); load refuses others
+FORMAT = 2
 
 
 def weights_path(lib_path: str) -> str:
@@ -125,13 +129,43 @@ def save_weights(path: str, weights: list[np.ndarray], meta: dict) -> None:
         np.savez(f, **arrays)
 
 
-def load_weights(path: str) -> tuple[list[np.ndarray], dict]:
-    with np.load(path) as data:
-        meta = json.loads(bytes(data[META_KEY]).decode())
-        weights = [data[f"w{i}"] for i in range(len(meta["weight_names"]))]
-    if meta.get("bf16_weights") and BF16 is None:
-        from .errors import WideError
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
+
+def read_meta(path: str) -> dict:
+    """The metadata of a weights file, checked to be wide-compile's current format; WideError otherwise (a
+    corrupt or foreign file is never unpickled: np.load with allow_pickle off)."""
+    from .errors import WideError
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(bytes(data[META_KEY]).decode())
+    except (OSError, ValueError, KeyError, EOFError, UnicodeDecodeError, zipfile.BadZipFile) as err:
+        raise WideError(f"{path}: not a weights file written by wide-compile ({type(err).__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else 'unreadable'})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or "library_sha256" not in meta:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise WideError(f"{path}: weights metadata format {found!r}, this wide_tvm reads {FORMAT}; re-compile the "
+                        "model with this version")
+    return meta
+
+
+def load_weights(path: str) -> tuple[list[np.ndarray], dict]:
+    """(weights, metadata) of a weights file (read_meta's checks first); WideError for a damaged one."""
+    from .errors import WideError
+
+    meta = read_meta(path)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            weights = [data[f"w{i}"] for i in range(len(meta["weight_names"]))]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        raise WideError(f"{path}: damaged weights file ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+    if meta.get("bf16_weights") and BF16 is None:
         raise WideError(f"{path}: holds bf16 weights; loading them needs the ml_dtypes package (pip install ml_dtypes)")
     for i in meta.get("bf16_weights", []):
         weights[i] = weights[i].view(BF16)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import sys
 import warnings
 
@@ -94,14 +95,20 @@ def compile_main(argv=None) -> int:
         from . import compile as wide_compile
         from .artifact import check_output
 
+        from .frontends import check_model_file
+
+        check_model_file(args.model)  # before TVM and torch load: a wrong path fails at once
         check_output(args.output, (args.model,))  # before the build: a path that cannot take the library fails now
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             compiled = wide_compile(args.model, args.target, args.tuning_log,
                                     dependent_launch=not args.no_dependent_launch, strict=args.strict)
-        for w in caught:
-            if w.category.__name__ in ("NoGatedLayersWarning", "UnloweredGateWarning"):
+        shown = set()
+        for w in caught:  # the warnings a user acts on, once each (TVM's and torch's own stay silent)
+            if w.category.__name__ in ("NoGatedLayersWarning", "UnloweredGateWarning", "TornRecordWarning",
+                                       "StaleTuningWarning") and str(w.message) not in shown:
+                shown.add(str(w.message))
                 print(f"warning: {w.message}", file=sys.stderr)
         compiled.export(args.output)
         print(compiled.summary())
@@ -123,6 +130,8 @@ def run_main(argv=None) -> int:
 
         from . import load
 
+        if not os.path.isfile(args.inputs):
+            raise WideError(f"{args.inputs}: no such inputs file")
         model = load(args.library, args.device)
         try:
             with np.load(args.inputs) as data:
@@ -199,14 +208,14 @@ def bench_main(argv=None) -> int:
             import json
 
             from .bench.cpu import run_cpu
-            from .compiler import REPO_TUNING_LOGS
             from .tuning.database import load as load_knobs
+            from .tuning.folders import shipped_root
             from .targets import parse_target, target_folder
 
             tgt = parse_target(args.target)
             if tgt.kind.name != "llvm":
                 raise WideError(f"wide-bench cpu times llvm kernels; --target {args.target} is not an llvm target")
-            tuned = REPO_TUNING_LOGS / target_folder(tgt)
+            tuned = shipped_root() / target_folder(tgt)
             result = run_cpu(tuple(args.tokens), knobs=load_knobs(str(tuned)), target=args.target,
                              **({"dtypes": tuple(args.dtype)} if args.dtype else {}))
             with open(args.json, "w") as f:
@@ -252,7 +261,8 @@ def tune_main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="wide-tune", description="Tune the gated kernels' knobs of a model for a target.")
     p.add_argument("model", nargs="?", help="MODEL.onnx or MODEL.pt2")
     p.add_argument("--target", default="llvm")
-    p.add_argument("--out", help="tuning folder (default: tuning_logs/<target>/)")
+    p.add_argument("--out", help="tuning folder (default: the user's, ~/.cache/wide-tvm/tuning_logs/<target>/, which "
+                   "wide-compile applies on top of the shipped tunings; $WIDE_TVM_TUNING_HOME moves it)")
     p.add_argument("--trials", type=int, default=None,
                    help="measured candidates per kernel and token bucket (default 16; fewer where the space is smaller)")
     p.add_argument("--show", action="store_true", help="print the database's tasks and fastest records, tune nothing")
@@ -268,11 +278,11 @@ def tune_main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         prepare_builds()
-        from .compiler import REPO_TUNING_LOGS
         from .targets import parse_target, target_folder
         from .tuning.driver import DEFAULT_TRIALS, tune
+        from .tuning.folders import user_root
 
-        out = args.out or str(REPO_TUNING_LOGS / target_folder(parse_target(args.target)))
+        out = args.out or str(user_root() / target_folder(parse_target(args.target)))
         if args.show:
             from .tuning.database import summary
 

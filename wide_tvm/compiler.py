@@ -5,15 +5,13 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from . import weight_layout
-from .artifact import atomic_outputs, check_output, save_weights
+from .artifact import FORMAT, atomic_outputs, check_output, file_sha256, save_weights
 from .cpu_threads import use_physical_cores
 from .cuda_aot import cuda_codegen, nvcc_path, prepare_cuda_aot
 from .errors import WideError
 
-REPO_TUNING_LOGS = Path(__file__).resolve().parent.parent / "tuning_logs"
 
 
 class NoGatedLayersWarning(UserWarning):
@@ -33,7 +31,7 @@ class Compiled:
     model: object  # frontends.loader.ImportedModel
     target: object
     layers: list = field(default_factory=list)
-    tuning_log: str | None = None
+    tuning_log: str | None = None  # the folder(s) applied, " + "-joined
     unlowered: list = field(default_factory=list)  # gate_report.UnloweredGate of each router left dense
 
     @property
@@ -41,7 +39,7 @@ class Compiled:
         return "cuda" if self.target.kind.name == "cuda" else "cpu"
 
     def meta(self) -> dict:
-        return {"format": 1, "target": str(self.target), "device": self.device_kind,
+        return {"format": FORMAT, "target": str(self.target), "device": self.device_kind,
                 "input_names": self.model.input_names, "inputs": self.model.input_specs(),
                 "weight_names": self.model.weight_names,
                 "layers": [layer.to_json() for layer in self.layers],
@@ -53,7 +51,7 @@ class Compiled:
         with atomic_outputs(path) as (tmp_lib, tmp_weights):
             with self.target:
                 self.executable.export_library(tmp_lib)
-            save_weights(tmp_weights, self.model.weights, self.meta())
+            save_weights(tmp_weights, self.model.weights, self.meta() | {"library_sha256": file_sha256(tmp_lib)})
         return path
 
     def summary(self) -> str:
@@ -70,25 +68,33 @@ class Compiled:
         lines.append(f"weights: {len(self.model.weights)} tensors kept as parameters, saved beside the library "
                      f"(*.weights.npz), {sum(w.nbytes for w in self.model.weights) / 2**20:.2f} MiB")
         if self.tuning_log:
-            from .tuning.database import load
-
-            tuned = len(load(self.tuning_log))
+            tuned = len(_tuned_entries(self.tuning_log.split(" + ")))
             lines.append(f"tuning log applied: {self.tuning_log} ({tuned} kernel knob entries)")
         return "\n".join(lines)
 
 
-def _tuning_log(target, tuning_log: str | None) -> str | None:
+def _tuning_logs(target, tuning_log: str | None) -> list[str]:
+    """The tuning folders a compile applies, lowest priority first: `tuning_log` alone where given, else the shipped
+    tunings of the target and the user's on top (tuning/folders.py)."""
     from .targets import target_folder
-    from .tuning.database import WORKLOAD_FILE
-    from .tuning.knob_file import FILE as KNOB_FILE
+    from .tuning.folders import default_folders
 
     if tuning_log is not None:
         if not os.path.isdir(tuning_log):
             raise WideError(f"{tuning_log}: tuning log folder not found")
-        return tuning_log
-    default = REPO_TUNING_LOGS / target_folder(target)
-    has = (default / WORKLOAD_FILE).exists() or (default / KNOB_FILE).exists()
-    return str(default) if has else None
+        return [tuning_log]
+    return default_folders(target_folder(target))
+
+
+def _tuned_entries(folders: list[str]) -> dict:
+    """The kernel-knob entries of the folders, each on top of the ones before (tuning/folders.py: merge_entries)."""
+    from .tuning.database import load
+    from .tuning.folders import merge_entries
+
+    entries: dict = {}
+    for folder in folders:
+        entries = merge_entries(entries, load(folder))
+    return entries
 
 
 def _repacked(w, src: str, layout: str):
@@ -126,14 +132,17 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     A router whose gate is not recognised leaves its layer dense with an UnloweredGateWarning naming the router and
     the node where recognition stopped; `strict=True` raises a WideError instead.
     """
+    if isinstance(model, (str, os.PathLike)):
+        from .frontends import check_model_file
+
+        check_model_file(model)  # before TVM and torch load
     prepare_builds()
     import tvm
 
     from .frontends.loader import import_model
     from .passes import LowerGatedLayers, wide_pipeline
     from .targets import has_wgmma, launches_dependents, parse_target
-    from .tuning.database import WORKLOAD_FILE
-    from .tuning.database import load as load_knobs
+    from .tuning.database import WORKLOAD_FILE, readable_folder
 
     tgt = parse_target(target) if isinstance(target, str) else target
     if tgt.kind.name == "cuda" and nvcc_path() is None:
@@ -143,12 +152,13 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     if tgt.kind.name == "cuda":
         cuda_codegen()
     imported = import_model(model)
-    log = _tuning_log(tgt, tuning_log)
-    lower = LowerGatedLayers(tgt.kind.name, enabled=not dense, knobs=load_knobs(log), wgmma=has_wgmma(tgt),
+    logs = _tuning_logs(tgt, tuning_log)
+    lower = LowerGatedLayers(tgt.kind.name, enabled=not dense, knobs=_tuned_entries(logs), wgmma=has_wgmma(tgt),
                              dependent=dependent_launch and launches_dependents(tgt))
     if strict and not dense:  # fail before the build: the lowering's plan alone (no kernel built) names them
         _check_every_gate(imported, tgt)
-    ms_log = log if log and os.path.exists(os.path.join(log, WORKLOAD_FILE)) else None
+    ms_log = next((log for log in reversed(logs) if os.path.exists(os.path.join(log, WORKLOAD_FILE))), None)
+    ms_log = readable_folder(ms_log) if ms_log else None  # (torn lines skipped, with a warning)
     try:
         with tgt:
             executable = tvm.compile(imported.mod, tgt, relax_pipeline=wide_pipeline(tgt, lower, ms_log))
@@ -167,4 +177,4 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     if not lower.plan.layers and not dense:
         warnings.warn(f"{imported.source}: no router-gated layers found; compiled dense", NoGatedLayersWarning,
                       stacklevel=2)
-    return Compiled(executable, imported, tgt, lower.plan.layers, log, lower.plan.unlowered)
+    return Compiled(executable, imported, tgt, lower.plan.layers, " + ".join(logs) or None, lower.plan.unlowered)

@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from .artifact import load_weights, weights_path
+from .artifact import file_sha256, load_weights, read_meta, weights_path
 from .cpu_threads import use_physical_cores
 from .errors import WideError
 
@@ -41,16 +41,20 @@ class WideModel:
     call that does not fit is a WideError; int32 ids are widened to the int64 the library takes."""
 
     def __init__(self, path: str, device: str = "cpu"):
-        use_physical_cores()  # before TVM's CPU thread pool starts
-        import tvm
-        from tvm.runtime import vm as rvm
-
         if device not in ("cpu", "cuda"):
             raise WideError(f"unknown device {device!r}; use cpu or cuda")
         for p in (path, weights_path(path)):
             if not os.path.exists(p):
                 raise WideError(f"{p}: file not found (a compiled model is NAME.so plus NAME.weights.npz)")
+        meta = read_meta(weights_path(path))
+        if file_sha256(path) != meta["library_sha256"]:  # checked before the library is opened (it is code)
+            raise WideError(f"{path}: does not match {weights_path(path)} (its content hash differs from the one "
+                            "wide-compile recorded): another build, or a changed file; not loaded")
         weights, self.meta = load_weights(weights_path(path))
+        use_physical_cores()  # before TVM's CPU thread pool starts
+        import tvm
+        from tvm.runtime import vm as rvm
+
         if self.meta["device"] != device:
             raise WideError(f"{path} was compiled for {self.meta['device']}, not for device {device!r}")
         if device == "cuda":

@@ -15,7 +15,6 @@ from dataclasses import replace
 import tvm
 from tvm import relax
 
-from ..compiler import REPO_TUNING_LOGS
 from ..cuda_aot import cuda_codegen
 from ..knobs import (DECODE_BUCKETS, DEFAULT_TILES, GemvKnobs, decode_knobs, direct_bound, reorder_free_bound,
                      tile_knob, tile_knobs)
@@ -25,6 +24,7 @@ from ..schedules.code_version import records_of as code_records_of
 from ..schedules.launch_bounds import as_built
 from ..targets import has_wgmma, launches_dependents, parse_target, target_folder
 from ..tuning.database import load as load_knobs
+from ..tuning.folders import shipped_root
 from .workloads import LLAMA_8B, SWEEPS, Workload, swept_variants, tile_name, variants
 
 
@@ -124,7 +124,7 @@ def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None =
     pinned = code_records_of(records_of) if records_of else contextlib.nullcontext()
     with tgt:
         with pinned as versions:  # (a bad REV fails here, before anything is written)
-            tuned = load_knobs(str(REPO_TUNING_LOGS / target_folder(tgt)))
+            tuned = load_knobs(str(shipped_root() / target_folder(tgt)))
         os.makedirs(out_dir, exist_ok=True)
         workloads = with_bounds(workloads, tgt.kind.name, tuned, has_wgmma(tgt))
         funcs = our_kernels(workloads, tgt.kind.name, sweep, tuned, has_wgmma(tgt))

@@ -28,6 +28,70 @@ WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
 
 
+class TornRecordWarning(UserWarning):
+    """A database line was cut short (a tuner killed mid-append): it is skipped (readable_folder) or dropped (repair)."""
+
+
+def _clean_lines(folder: str) -> tuple[list[str], list[str], int]:
+    """(workload lines, record lines, lines left out) of FOLDER's database without what a kill mid-append leaves: an
+    unterminated, unreadable last line of either file, and records of a workload that is not there. WideError for
+    any other unreadable line (damage, not a torn append)."""
+    import json
+
+    def lines(name):
+        path = os.path.join(folder, name)
+        if not os.path.exists(path):
+            return [], 0
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        out = [ln for ln in text.split("\n") if ln.strip()]
+        for i, line in enumerate(out):
+            try:
+                json.loads(line)
+            except ValueError:
+                if i == len(out) - 1 and not text.endswith("\n"):
+                    return out[:-1], 1  # the torn last append
+                raise WideError(f"{folder}: {name} line {i + 1} is unreadable (damaged, not a torn last line)") \
+                    from None
+        return out, 0
+
+    (workloads, torn_w), (records, torn_r) = lines(WORKLOAD_FILE), lines(RECORD_FILE)
+    kept = [ln for ln in records if isinstance(json.loads(ln), list) and json.loads(ln)
+            and isinstance(json.loads(ln)[0], int) and json.loads(ln)[0] < len(workloads)]
+    return workloads, kept, torn_w + torn_r + len(records) - len(kept)
+
+
+def _write_lines(folder: str, workloads: list[str], records: list[str]) -> None:
+    for name, lines in ((WORKLOAD_FILE, workloads), (RECORD_FILE, records)):
+        tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("".join(ln + "\n" for ln in lines))
+        os.replace(tmp, os.path.join(folder, name))
+
+
+def readable_folder(folder: str) -> str:
+    """FOLDER, or where it has torn lines (TornRecordWarning, once), a cleaned copy in a temporary folder (FOLDER is
+    not written: it may be the installed package's, or another tuner's)."""
+    workloads, records, dropped = _clean_lines(folder)
+    if not dropped:
+        return folder
+    warnings.warn(f"{folder}: skipped {dropped} torn database line(s) (a tuner killed mid-write?); the next wide-tune "
+                  "into the folder drops them", TornRecordWarning, stacklevel=3)
+    copy = tempfile.mkdtemp(prefix="wide-db-")
+    _write_lines(copy, workloads, records)
+    return copy
+
+
+def repair(folder: str) -> int:
+    """Drop FOLDER's torn database lines in place (call under tuning.folders.folder_lock); returns how many."""
+    workloads, records, dropped = _clean_lines(folder)
+    if dropped:
+        warnings.warn(f"{folder}: dropped {dropped} torn database line(s) (a tuner killed mid-write?)",
+                      TornRecordWarning, stacklevel=2)
+        _write_lines(folder, workloads, records)
+    return dropped
+
+
 class StaleTuningWarning(UserWarning):
     """Some tuned buckets have only records timed on older kernel code: they run the knob file's or default knobs."""
 
@@ -77,7 +141,7 @@ def task_records(folder: str) -> list:
     """(task, record) for every record of a knob task in FOLDER's database (none without a database)."""
     if not os.path.exists(os.path.join(folder, RECORD_FILE)):
         return []
-    return records_of_db(open_database(folder))
+    return records_of_db(open_database(readable_folder(folder)))
 
 
 def record_key(rec) -> str:
@@ -90,6 +154,14 @@ def record_key(rec) -> str:
 def copy_records(src: str, dst: str, only: str = "") -> tuple[int, int]:
     """Append SRC's knob records (those of the tasks whose name `only` finds) to DST's database, creating it;
     records DST already holds (record_key) are skipped. Returns (added, skipped)."""
+    from .folders import folder_lock
+
+    with folder_lock(dst):
+        repair(dst)
+        return _copy_records(src, dst, only)
+
+
+def _copy_records(src: str, dst: str, only: str) -> tuple[int, int]:
     db = open_database(dst)
     have = {record_key(rec) for _, rec in records_of_db(db)}
     added = skipped = 0
@@ -221,9 +293,13 @@ def prune(folder: str) -> tuple[int, int]:
     (records kept, records dropped)."""
     if not os.path.exists(os.path.join(folder, RECORD_FILE)):
         raise WideError(f"{folder}: no MetaSchedule database to prune")
-    records = task_records(folder)
-    keep = [(rec.workload.mod, rec) for _, rec in records if is_current(rec.workload.mod)]
-    rewrite_database(folder, keep)
+    from .folders import folder_lock
+
+    with folder_lock(folder):
+        repair(folder)
+        records = task_records(folder)
+        keep = [(rec.workload.mod, rec) for _, rec in records if is_current(rec.workload.mod)]
+        rewrite_database(folder, keep)
     return len(keep), len(records) - len(keep)
 
 

@@ -81,7 +81,8 @@ def tune(model: str | None, target: str, out: str, force: bool = False, sweep: l
     from rich.progress import Progress
 
     from ..targets import parse_target
-    from .database import WORKLOAD_FILE
+    from .database import WORKLOAD_FILE, repair
+    from .folders import folder_lock
     from .search import tune_tasks
 
     tgt = parse_target(target)
@@ -98,7 +99,8 @@ def tune(model: str | None, target: str, out: str, force: bool = False, sweep: l
 
         with open(sweep[-1]) as f:
             device = json.load(f).get("device", "GPU of the sweep")
-        return knob_file.save(out, from_sweep(sweep), str(tgt), command, hardware=device)
+        with folder_lock(out, wait_note=lambda: print(f"waiting for another wide-tune writing {out}")):
+            return knob_file.save(out, from_sweep(sweep), str(tgt), command, hardware=device)
     if model is None and not llama8b:
         raise WideError("give a MODEL to tune, --llama8b, or --from-sweep")
     if trials < 1:
@@ -119,11 +121,13 @@ def tune(model: str | None, target: str, out: str, force: bool = False, sweep: l
         tasks = [t for t in tasks if re.search(only, t.name)]
         if not tasks:
             raise WideError(f"--only {only!r} matches no task; the tasks are: {', '.join(names)}")
-    run = knob_file.record_run(out, str(tgt), command, [t.name for t in tasks],
-                                  hardware=gpu_name() if tgt.kind.name == "cuda" else None)
-    with Progress() as progress:
-        ran = tune_tasks(tasks, tgt, out, trials, force, progress)
-    knob_file.finish_run(out, run, ran)
+    with folder_lock(out, wait_note=lambda: print(f"waiting for another wide-tune writing {out}")):
+        repair(out)  # a torn line a killed tuner left (appends would follow it)
+        run = knob_file.record_run(out, str(tgt), command, [t.name for t in tasks],
+                                   hardware=gpu_name() if tgt.kind.name == "cuda" else None)
+        with Progress() as progress:
+            ran = tune_tasks(tasks, tgt, out, trials, force, progress)
+        knob_file.finish_run(out, run, ran)
     return os.path.join(out, WORKLOAD_FILE)
 
 

@@ -114,9 +114,15 @@ def test_exported_program_in_memory(exported, tmp_path):
 
 
 def test_runtime_only_load(exported, tmp_path):
-    """`wide_tvm.load` with TVM in runtime-only mode (no compiler library) in a fresh process."""
+    """wide-compile in a process of its own prints its summary and nothing on stderr (no TVM C++ warnings, no torch
+    log lines); `wide_tvm.load` of the library with TVM in runtime-only mode (no compiler library) in a fresh process."""
     path, model, cfg = exported("default", "onnx")
-    _, _, lib = _compile_and_load(path, tmp_path)
+    lib = str(tmp_path / "m.so")
+    proc = subprocess.run([sys.executable, "-c", "import sys; from wide_tvm.cli import compile_main; "
+                           "sys.exit(compile_main(sys.argv[1:]))", path, "-o", lib],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "gated FFN layers lowered: 2" in proc.stdout
     x = example_inputs(cfg, 9)
     np.save(tmp_path / "x.npy", x.numpy())
     code = ("import sys, numpy as np, wide_tvm; m = wide_tvm.load(sys.argv[1]); "

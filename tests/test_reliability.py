@@ -327,3 +327,36 @@ def test_tunings_shipped_and_the_users_own(tmp_path, monkeypatch):
         holder.wait()
     with folder_lock(str(tmp_path / "db"), timeout=5):  # released with its process
         pass
+
+
+@pytest.mark.slow
+def test_stress_one_model_eight_threads_thousand_calls(library):
+    """1,000 calls of mixed lengths on one loaded model from 8 threads: every output equals the single-threaded one,
+    and the process's memory stays flat (no growth per call past the first calls of each thread)."""
+    import psutil
+
+    runner = library[0]
+    rng = np.random.default_rng(1)
+    cases = [rng.integers(0, 256, (1, int(t))) for t in rng.integers(1, 65, 40)]
+    want = [runner(ids) for ids in cases]
+    proc = psutil.Process()
+    errors = []
+
+    def work(k: int, calls: int):
+        for i in range(calls):
+            j = (k * 13 + i) % len(cases)
+            if not np.array_equal(runner(cases[j]), want[j]):
+                errors.append((k, j))
+
+    def run(calls: int):
+        threads = [threading.Thread(target=work, args=(k, calls)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    run(5)  # each thread's VM and workspace allocated
+    before = proc.memory_info().rss
+    run(125)  # 8 x 125 = 1,000 calls
+    grown = proc.memory_info().rss - before
+    assert errors == [] and grown < 64 * 2**20, (errors[:5], grown / 2**20)

@@ -142,7 +142,7 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     from .frontends.loader import import_model
     from .passes import LowerGatedLayers, wide_pipeline
     from .targets import has_wgmma, launches_dependents, parse_target
-    from .tuning.database import WORKLOAD_FILE, readable_folder
+    from .tuning.database import has_other_records, readable_folder
 
     tgt = parse_target(target) if isinstance(target, str) else target
     if tgt.kind.name == "cuda" and nvcc_path() is None:
@@ -157,7 +157,8 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
                              dependent=dependent_launch and launches_dependents(tgt))
     if strict and not dense:  # fail before the build: the lowering's plan alone (no kernel built) names them
         _check_every_gate(imported, tgt)
-    ms_log = next((log for log in reversed(logs) if os.path.exists(os.path.join(log, WORKLOAD_FILE))), None)
+    # TVM's own schedules, where a database has any (its knob records are applied through `knobs` above)
+    ms_log = next((log for log in reversed(logs) if has_other_records(log)), None)
     ms_log = readable_folder(ms_log) if ms_log else None  # (torn lines skipped, with a warning)
     try:
         with tgt:

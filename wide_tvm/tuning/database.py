@@ -144,6 +144,15 @@ def task_records(folder: str) -> list:
     return records_of_db(open_database(readable_folder(folder)))
 
 
+def has_other_records(folder: str) -> bool:
+    """Whether FOLDER's database holds records of workloads other than knob tasks (TVM's own schedules, which
+    MetaScheduleApplyDatabase applies to the dense kernels); the knob tasks' are read by `load` instead."""
+    if not os.path.exists(os.path.join(folder, RECORD_FILE)):
+        return False
+    return any(task_of(rec.workload.mod) is None
+               for rec in open_database(readable_folder(folder)).get_all_tuning_records())
+
+
 def record_key(rec) -> str:
     """A record's identity that survives records being added to the database (its index in task_records' order
     does not: appended records can re-order it): its workload's structural hash and its JSON (trace, run times)."""

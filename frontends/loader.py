@@ -65,7 +65,19 @@ def _index_sources(index, var2val, depth: int = 4) -> list:
 
 
 def import_model(model, origin: str | None = None) -> ImportedModel:
-    """Import a .onnx / .pt2 path or an in-memory torch.export.ExportedProgram."""
+    """Import a .onnx / .pt2 path or an in-memory torch.export.ExportedProgram. A file that is not a model the
+    importers can read is one WideError naming it, whatever failed inside them (tests/test_fuzz.py)."""
+    try:
+        return _import_model(model, origin)
+    except WideError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a damaged or foreign file: one line, never a traceback
+        where = os.fspath(model) if isinstance(model, (str, os.PathLike)) else origin or "<ExportedProgram>"
+        detail = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        raise WideError(f"{where}: not a model the importers can read ({type(err).__name__}: {detail})") from None
+
+
+def _import_model(model, origin: str | None) -> ImportedModel:
     if not isinstance(model, (str, os.PathLike)):
         mod, values, names = import_exported_program(model, origin or "<ExportedProgram>")
         src = origin or "<ExportedProgram>"

@@ -18,6 +18,7 @@ Seen on the ONNX that `torch.onnx.export(dynamo=True)` writes for a GQA model wi
 from __future__ import annotations
 
 import contextlib
+import io
 
 import numpy as np
 import onnx
@@ -162,7 +163,8 @@ def import_onnx(path: str) -> tuple[tvm.IRModule, list, list[str]]:
     _check_supported(model, path)
     weights = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
     try:
-        with _converters():
+        # (TVM's converter prints "Error converting operator ..." to stdout before it raises: the error says it)
+        with _converters(), contextlib.redirect_stdout(io.StringIO()):
             mod = _onnx.from_onnx(model, keep_params_in_input=True)
     except WideError:
         raise

@@ -21,6 +21,7 @@ import json
 import posixpath
 import re
 import zipfile
+import zlib
 
 from ..errors import WideError
 
@@ -56,7 +57,7 @@ def safe_archive(path: str) -> io.BytesIO:
         archive = zipfile.ZipFile(path)
     except FileNotFoundError:
         raise WideError(f"{path}: no such model file") from None
-    except (zipfile.BadZipFile, OSError) as err:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
         raise WideError(f"{path}: not a readable torch.export program ({err})") from None
     with archive:
         names = [n for n in archive.namelist() if not n.endswith("/")]
@@ -66,20 +67,22 @@ def safe_archive(path: str) -> io.BytesIO:
                             "could run code; re-export it with this torch)")
         root = roots.pop()
         rel = {n: n[len(root) + 1:] for n in names}
+        buffer = io.BytesIO()
         try:
             payloads = set().union(*(_payload_files(archive, root, r) for r in rel.values()
                                      if r.startswith("data/") and r.endswith("_config.json")))
+            with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as out:
+                for name, r in rel.items():
+                    if _SAMPLE_INPUTS.fullmatch(r):
+                        out.writestr(archive.getinfo(name), b"")  # read back as no sample inputs, never unpickled
+                    elif _PLAIN.fullmatch(r) or (_PAYLOAD.fullmatch(r) and r in payloads):
+                        out.writestr(archive.getinfo(name), archive.read(name))
+                    else:
+                        raise WideError(f"member {r} is not part of a plain torch.export program (only models, raw "
+                                        "weights and constants are read; code or pickles are not)")
         except WideError as err:
             raise WideError(f"{path}: {err}") from None
-        buffer = io.BytesIO()
-        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as out:
-            for name, r in rel.items():
-                if _SAMPLE_INPUTS.fullmatch(r):
-                    out.writestr(archive.getinfo(name), b"")  # read back as no sample inputs, never unpickled
-                elif _PLAIN.fullmatch(r) or (_PAYLOAD.fullmatch(r) and r in payloads):
-                    out.writestr(archive.getinfo(name), archive.read(name))
-                else:
-                    raise WideError(f"{path}: member {r} is not part of a plain torch.export program (only models, "
-                                    "raw weights and constants are read; code or pickles are not)")
+        except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, NotImplementedError) as err:
+            raise WideError(f"{path}: damaged archive ({type(err).__name__}: {err})") from None
     buffer.seek(0)
     return buffer

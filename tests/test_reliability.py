@@ -95,7 +95,7 @@ def test_output_paths_that_cannot_take_a_library(exported, tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     before = sorted(os.listdir(tmp_path))
     for out, match in ((tmp_path / "dir.so", "is a folder"), (tmp_path / "file" / "m.so", "is a file, not a folder"),
-                       (path, "would overwrite the model file")):
+                       (path, "would overwrite the model file"), ("/proc/wide/m.so", "cannot write in /proc")):
         assert compile_main([path, "-o", str(out)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and match in err, err

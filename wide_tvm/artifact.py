@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import tempfile
 import threading
 import zipfile
 from contextlib import contextmanager
@@ -53,8 +54,11 @@ def check_output(lib_path: str, sources: tuple = ()) -> None:
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
         raise WideError(f"{lib_path}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise WideError(f"{lib_path}: cannot write in {parent} (permission denied)")
+    try:  # a real write: permissions alone do not tell (root passes them; a read-only mount or /proc does not take one)
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as err:
+        raise WideError(f"{lib_path}: cannot write in {parent} ({err.strerror or err})") from None
 
 
 _TMP = re.compile(r"\..+\.(\d+)\.tmp\.(so|npz)")

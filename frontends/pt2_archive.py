@@ -43,7 +43,7 @@ def _payload_files(archive: zipfile.ZipFile, root: str, path: str) -> set[str]:
     for name, meta in config.items():
         path_name = str(meta.get("path_name", ""))
         if meta.get("use_pickle") or not path_name.startswith(("weight_", "tensor_")):
-            raise WideError(f"holds a pickled payload ({name}: {path_name}), which would run code when loaded; "
+            raise WideError(f"holds a pickled payload ({name!r}: {path_name!r}), which would run code when loaded; "
                             "wide-compile reads only plain tensors (re-export the model without tensor subclasses or "
                             "custom objects)")
         files.add(posixpath.join(folder, path_name))
@@ -78,7 +78,7 @@ def safe_archive(path: str) -> io.BytesIO:
                     elif _PLAIN.fullmatch(r) or (_PAYLOAD.fullmatch(r) and r in payloads):
                         out.writestr(archive.getinfo(name), archive.read(name))
                     else:
-                        raise WideError(f"member {r} is not part of a plain torch.export program (only models, raw "
+                        raise WideError(f"member {r!r} is not part of a plain torch.export program (only models, raw "
                                         "weights and constants are read; code or pickles are not)")
         except WideError as err:
             raise WideError(f"{path}: {err}") from None

@@ -25,14 +25,18 @@ import sys, warnings
 warnings.simplefilter("ignore")
 from wide_tvm.errors import WideError
 from wide_tvm.frontends.loader import import_model
+def one_line(text):
+    return "".join(c if c.isprintable() else " " for c in text)[:300]
 for line in sys.stdin:
     try:
         import_model(line.strip())
         print("ok", flush=True)
     except WideError as err:
-        print("error", str(err).replace(chr(10), " ")[:200], flush=True)
+        message = str(err)
+        # the promise: one printable line (a crafted member name must not break it)
+        print("error" if message.isprintable() else "bug multi-line WideError", one_line(message), flush=True)
     except BaseException as err:  # noqa: BLE001 - a finding
-        print("bug", type(err).__name__, str(err).replace(chr(10), " ")[:300], flush=True)
+        print("bug", type(err).__name__, one_line(str(err)), flush=True)
 """
 
 

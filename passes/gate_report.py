@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
-from .mask_analysis import (ARITHMETIC, COMPARISONS, DECISIONS, LAYOUT_OPS, Mismatch, node_name, op_name,
-                            resolve)
+from .mask_analysis import (ARITHMETIC, COMPARISONS, DECISIONS, LAYOUT_OPS, Mismatch, axis_size, node_name,
+                            op_name, resolve)
 
 # ops a gate passes through between its decision and the multiply (mask_analysis follows each)
 _GATE_OPS = LAYOUT_OPS | COMPARISONS | set(ARITHMETIC) | {"relax.logical_not", "relax.where"}
@@ -65,11 +65,8 @@ def find_routers(func: relax.Function, var2val: dict) -> list[relax.Var]:
     out = []
     for var, value in var2val.items():
         op = op_name(value)
-        if op in DECISIONS and value.attrs.axis is not None:
-            dims = value.args[0].ty.shape.values if value.args[0].ty.shape is not None else []
-            axis = int(value.attrs.axis)
-            if dims and hasattr(dims[axis], "value") and int(dims[axis]) == 2:
-                out.append(var)
+        if op in DECISIONS and axis_size(value) == 2:
+            out.append(var)
         elif op in COMPARISONS and any(_is_pair(a, var2val) for a in value.args):
             out.append(var)
     return out

@@ -124,7 +124,7 @@ def _apply(call: relax.Call, x: np.ndarray) -> np.ndarray:
     raise ValueError(op)
 
 
-def _axis_size(call: relax.Call) -> int | None:
+def axis_size(call: relax.Call) -> int | None:
     """The static length of the axis an argmax / argmin reduces (None: all axes, or not static)."""
     shape = call.args[0].ty.shape if isinstance(call.args[0].ty, relax.TensorType) else None
     if call.attrs.axis is None or shape is None:
@@ -164,7 +164,7 @@ def gate_values(expr, var2val, depth: int = 0) -> tuple[frozenset | None, bool, 
     if scalar is not None:
         return scalar, False, None
     if op in DECISIONS:
-        n = _axis_size(value)
+        n = axis_size(value)
         if n is None:
             return None, False, Mismatch(node_name(expr, value), "an argmax over an axis of unknown length")
         return frozenset(range(n)), n == 2, None

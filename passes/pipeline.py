@@ -1,7 +1,8 @@
 """The wide-tvm compilation pipeline: one visible, ordered list of passes per target kind.
 
 Modelled on TVM's relax/backend/cuda/pipeline.py. Gated layers are lowered first; everything else
-(layers without gates, routers, attention) goes through TVM's own legalization and scheduling.
+(layers without gates, routers, attention) goes to the vendor BLAS where it is a dense matmul
+(`blas_dispatch.py`), and through TVM's own legalization and scheduling where it is anything else.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import tvm
 from tvm import relax
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 
+from .blas_dispatch import DispatchDenseMatmuls
 from .legalize import WIDE_LEGALIZATIONS
 from .lower_gated import LowerGatedLayers
 from .weight_matmul import FuseWeightTranspose
@@ -22,11 +24,14 @@ def _gpu_default_schedule() -> tvm.transform.Pass:
                                    dl.gpu.GeneralReduction(), dl.gpu.Fallback())
 
 
-def wide_passes(target: tvm.target.Target, lower: LowerGatedLayers, tuning_log: str | None) -> list:
-    """The passes, in order, that turn an imported WIDE model into a VM-ready module for `target`."""
+def wide_passes(target: tvm.target.Target, lower: LowerGatedLayers, tuning_log: str | None,
+                blas: DispatchDenseMatmuls | None = None) -> list:
+    """The passes, in order, that turn an imported WIDE model into a VM-ready module for `target`. `blas`: the
+    dense-matmul dispatch to the vendor BLAS extern (None: TVM's own kernels for them)."""
     is_gpu = target.kind.name == "cuda"
     passes = [
         lower,                                                        # gated layers -> block-sparse kernels
+        *([blas] if blas is not None else []),                        # dense matmuls -> cuBLASLt / OpenBLAS
         relax.transform.DeadCodeElimination(),
         FuseWeightTranspose(),                                        # x @ W.T without materialising W.T
         relax.transform.LegalizeOps(customize_legalize_map=WIDE_LEGALIZATIONS),
@@ -53,12 +58,13 @@ def wide_passes(target: tvm.target.Target, lower: LowerGatedLayers, tuning_log: 
     return passes
 
 
-def wide_pipeline(target: tvm.target.Target, lower: LowerGatedLayers, tuning_log: str | None = None):
+def wide_pipeline(target: tvm.target.Target, lower: LowerGatedLayers, tuning_log: str | None = None,
+                  blas: DispatchDenseMatmuls | None = None):
     """A module pass running `wide_passes` under `target`, for `tvm.compile(relax_pipeline=...)`."""
 
     @tvm.transform.module_pass(opt_level=0, name="WidePipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         with target:
-            return tvm.transform.Sequential(wide_passes(target, lower, tuning_log))(mod)
+            return tvm.transform.Sequential(wide_passes(target, lower, tuning_log, blas))(mod)
 
     return _pipeline

@@ -9,12 +9,13 @@ from .errors import WideError
 
 
 def compile(model, target: str = "llvm", tuning_log: str | None = None, dense: bool = False,  # noqa: A001
-            dependent_launch: bool = True, strict: bool = False):
+            dependent_launch: bool = True, strict: bool = False, blas: bool = True):
     """Compile a .onnx/.pt2 path or an ExportedProgram; returns an object with `.export(path)`. `strict`: a router
-    whose gate is not recognised is an error (else a warning, and its layer runs dense)."""
+    whose gate is not recognised is an error (else a warning, and its layer runs dense). `blas`: dense matmuls go
+    to the vendor BLAS (cuBLASLt on CUDA, OpenBLAS on the CPU), else to TVM's own kernels."""
     from .compiler import compile as _compile
 
-    return _compile(model, target, tuning_log, dense, dependent_launch, strict)
+    return _compile(model, target, tuning_log, dense, dependent_launch, strict, blas)
 
 
 def load(path: str, device: str = "cpu"):

@@ -90,6 +90,9 @@ def compile_main(argv=None) -> int:
     p.add_argument("--no-dependent-launch", action="store_true",
                    help="sm_90+: launch the gated kernels plainly, not as programmatic dependents of the kernel before "
                         "them (for drivers or runtimes without programmatic dependent launch)")
+    p.add_argument("--no-blas", action="store_true",
+                   help="leave the dense matmuls to TVM's own kernels instead of the vendor BLAS (cuBLASLt from the "
+                        "nvidia-cublas wheel on CUDA, OpenBLAS from scipy-openblas32 on the CPU)")
     args = p.parse_args(argv)
     try:
         from . import compile as wide_compile
@@ -103,7 +106,8 @@ def compile_main(argv=None) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             compiled = wide_compile(args.model, args.target, args.tuning_log,
-                                    dependent_launch=not args.no_dependent_launch, strict=args.strict)
+                                    dependent_launch=not args.no_dependent_launch, strict=args.strict,
+                                    blas=not args.no_blas)
         shown = set()
         for w in caught:  # the warnings a user acts on, once each (TVM's and torch's own stay silent)
             if w.category.__name__ in ("NoGatedLayersWarning", "UnloweredGateWarning", "TornRecordWarning",
@@ -187,6 +191,20 @@ def bench_main(argv=None) -> int:
                    "fp32; default: all the CPU kernels take, float32 float16 bfloat16)")
     c.add_argument("--target", default="llvm", help="llvm (this machine's CPU, the default) or llvm:CPU (an LLVM "
                    "CPU name; llvm:generic is x86-64 without AVX, as TVM's plain llvm target compiles)")
+    db = sub.add_parser("dense-build", help="compile every dense matmul shape of Llama-3.1-8B (bench/dense.py)")
+    db.add_argument("dir")
+    db.add_argument("--target", default="cuda", help="cuda (fp16, cuBLASLt) or llvm (fp32, OpenBLAS)")
+    dr = sub.add_parser("dense-run", help="time them against torch.matmul where they run; writes JSON")
+    dr.add_argument("dir")
+    dr.add_argument("--json", required=True)
+    dr.add_argument("--tokens", type=int, nargs="+")
+    mb = sub.add_parser("model-build", help="compile a whole 2-layer model gated and dense (bench/model.py)")
+    mb.add_argument("dir")
+    mb.add_argument("--target", default="cuda")
+    mr = sub.add_parser("model-run", help="time it against the same model in PyTorch where it runs; writes JSON")
+    mr.add_argument("dir")
+    mr.add_argument("--json", required=True)
+    mr.add_argument("--tokens", type=int, nargs="+")
     rep = sub.add_parser("report", help="Markdown table and plot from the JSON")
     rep.add_argument("json")
     rep.add_argument("--plot", help="write a PNG here")
@@ -198,12 +216,34 @@ def bench_main(argv=None) -> int:
     if args.cmd == "run" and any(not 0 <= s <= 1 for s in args.sparsity or ()):
         p.error(f"--sparsity {' '.join(map(str, args.sparsity))}: each must be in [0, 1] (1: every group skipped)")
     try:
-        if args.cmd in ("build", "cpu"):
+        if args.cmd in ("build", "cpu", "dense-build", "model-build"):
             prepare_builds()
         if args.cmd == "build":
             from .bench.build import build
 
             print(f"wrote {build(args.dir, args.target, sweep=args.sweep, records_of=args.records_of)}")
+        elif args.cmd == "dense-build":
+            from .bench.dense import build_dense
+
+            print(f"wrote {build_dense(args.dir, args.target)}")
+        elif args.cmd == "model-build":
+            from .bench.model import build_model
+
+            print(f"wrote {build_model(args.dir, args.target)}")
+        elif args.cmd == "model-run":
+            from .bench.model import run_model
+
+            result = run_model(args.dir, args.tokens, json_path=args.json)
+            print(f"wrote {args.json}: {len(result['rows'])} measurements")
+        elif args.cmd == "dense-run":
+            import json
+
+            from .bench.dense_run import run_dense
+
+            result = run_dense(args.dir, args.tokens, json_path=args.json)
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+            print(f"wrote {args.json}: {len(result['rows'])} measurements")
         elif args.cmd == "cpu":
             import json
 
@@ -241,6 +281,14 @@ def bench_main(argv=None) -> int:
             from .bench import report
 
             result = report.load(args.json)
+            if result.get("kind") == "model":
+                print(report.model_markdown(result))
+                return 0
+            if report.is_dense(result):
+                print(report.dense_markdown(result))
+                if args.plot:
+                    print(f"wrote {report.dense_plot(result, args.plot)}")
+                return 0
             if "best" in result:  # a knob sweep
                 print(report.sweep_markdown(result))
                 return 0

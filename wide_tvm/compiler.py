@@ -33,6 +33,8 @@ class Compiled:
     layers: list = field(default_factory=list)
     tuning_log: str | None = None  # the folder(s) applied, " + "-joined
     unlowered: list = field(default_factory=list)  # gate_report.UnloweredGate of each router left dense
+    blas: object = None  # blas.extern.BlasExtern the library links, or None
+    blas_matmuls: list = field(default_factory=list)  # passes.DispatchedMatmul of each matmul sent to it
 
     @property
     def device_kind(self) -> str:
@@ -43,15 +45,23 @@ class Compiled:
                 "input_names": self.model.input_names, "inputs": self.model.input_specs(),
                 "weight_names": self.model.weight_names,
                 "layers": [layer.to_json() for layer in self.layers],
-                "unlowered_gates": [gate.to_json() for gate in self.unlowered], "source": str(self.model.source)}
+                "unlowered_gates": [gate.to_json() for gate in self.unlowered], "source": str(self.model.source),
+                "blas": [self.blas.library.name] if self.blas else [],
+                "blas_matmuls": [m.to_json() for m in self.blas_matmuls]}
 
     def export(self, path: str) -> str:
         """Write PATH (TVM library) and its weights file atomically; returns PATH."""
         check_output(path, (self.model.source,))
         with atomic_outputs(path) as (tmp_lib, tmp_weights):
-            with self.target:
-                self.executable.export_library(tmp_lib)
+            self.export_library(tmp_lib)
             save_weights(tmp_weights, self.model.weights, self.meta() | {"library_sha256": file_sha256(tmp_lib)})
+        return path
+
+    def export_library(self, path: str) -> str:
+        """Write the TVM library alone (linked with the BLAS it calls); `export` is the deployable pair. For
+        benchmarks that make their weights on the device (bench/model.py)."""
+        with self.target:
+            self.executable.export_library(path, options=self.blas.link_options() if self.blas else [])
         return path
 
     def summary(self) -> str:
@@ -62,6 +72,8 @@ class Compiled:
         for i, layer in enumerate(self.layers):
             lines.append(f"  [{i}] {layer.kind}: {layer.groups} groups x {layer.group_size} channels -> "
                          f"{', '.join(layer.kernels)}; weights {', '.join(layer.weights)}")
+        if self.blas:
+            lines.append(f"dense matmuls sent to {self.blas.library.name}: {len(self.blas_matmuls)}")
         if self.unlowered:
             lines.append(f"router gates not recognised (their layers run dense): {len(self.unlowered)}")
             lines += [f"  {gate}" for gate in self.unlowered]
@@ -123,14 +135,23 @@ def _check_every_gate(imported, tgt) -> None:
                         + "; ".join(map(str, plan.plan.unlowered)))
 
 
+def _blas_extern(tgt):
+    """The target's BLAS extern, built (wide_tvm/blas/extern.py); WideError where its wheel is missing."""
+    from .blas.extern import extern_for
+
+    return extern_for(tgt.kind.name)
+
+
 def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa: A001
-            dense: bool = False, dependent_launch: bool = True, strict: bool = False) -> Compiled:
+            dense: bool = False, dependent_launch: bool = True, strict: bool = False, blas: bool = True) -> Compiled:
     """Compile a .onnx / .pt2 path or an ExportedProgram for `target` (see `parse_target`).
 
     `dense=True` skips the gated-layer lowering: the same pipeline, TVM's dense kernels (a baseline).
     `dependent_launch=False` launches the gated kernels plainly on sm_90+ too (schedules/dependent_launch.py).
     A router whose gate is not recognised leaves its layer dense with an UnloweredGateWarning naming the router and
     the node where recognition stopped; `strict=True` raises a WideError instead.
+    `blas=True` sends every other dense matmul to the vendor BLAS (cuBLASLt for fp16 / bf16 on CUDA, OpenBLAS for fp32
+    on the CPU; wide_tvm/blas/), linked into the library; `blas=False` leaves them to TVM's own kernels.
     """
     if isinstance(model, (str, os.PathLike)):
         from .frontends import check_model_file
@@ -140,7 +161,7 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     import tvm
 
     from .frontends.loader import import_model
-    from .passes import LowerGatedLayers, wide_pipeline
+    from .passes import DispatchDenseMatmuls, LowerGatedLayers, wide_pipeline
     from .targets import has_wgmma, launches_dependents, parse_target
     from .tuning.database import has_other_records, readable_folder
 
@@ -151,7 +172,9 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
         raise WideError(f"target {target!r}: only cuda and llvm targets are supported")
     if tgt.kind.name == "cuda":
         cuda_codegen()
+    extern = _blas_extern(tgt) if blas else None  # before the import: a missing wheel fails fast
     imported = import_model(model)
+    dispatch = DispatchDenseMatmuls(tgt.kind.name, extern) if extern else None
     logs = _tuning_logs(tgt, tuning_log)
     lower = LowerGatedLayers(tgt.kind.name, enabled=not dense, knobs=_tuned_entries(logs), wgmma=has_wgmma(tgt),
                              dependent=dependent_launch and launches_dependents(tgt))
@@ -162,7 +185,7 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     ms_log = readable_folder(ms_log) if ms_log else None  # (torn lines skipped, with a warning)
     try:
         with tgt:
-            executable = tvm.compile(imported.mod, tgt, relax_pipeline=wide_pipeline(tgt, lower, ms_log))
+            executable = tvm.compile(imported.mod, tgt, relax_pipeline=wide_pipeline(tgt, lower, ms_log, dispatch))
     except WideError:
         raise
     except Exception as err:  # noqa: BLE001 - surface one line, never a TVM traceback
@@ -178,4 +201,6 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     if not lower.plan.layers and not dense:
         warnings.warn(f"{imported.source}: no router-gated layers found; compiled dense", NoGatedLayersWarning,
                       stacklevel=2)
-    return Compiled(executable, imported, tgt, lower.plan.layers, " + ".join(logs) or None, lower.plan.unlowered)
+    matmuls = dispatch.dispatched if dispatch else []
+    return Compiled(executable, imported, tgt, lower.plan.layers, " + ".join(logs) or None, lower.plan.unlowered,
+                    extern if matmuls else None, matmuls)

@@ -14,6 +14,7 @@ import numpy as np
 
 from .artifact import file_sha256, load_weights, read_meta, weights_path
 from .cpu_threads import use_physical_cores
+from .blas.libraries import load as load_blas
 from .errors import WideError
 
 
@@ -60,6 +61,7 @@ class WideModel:
         if device == "cuda":
             ensure_cuda_runtime(tvm)
         self.device = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
+        load_blas(self.meta.get("blas", []))  # the vendor BLAS the library links (blas/libraries.py)
         try:
             lib = tvm.runtime.load_module(path)
         except Exception as err:  # noqa: BLE001

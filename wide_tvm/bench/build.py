@@ -1,7 +1,9 @@
 """Compile the benchmark's kernels on this machine (CUDA ahead of time; no GPU needed).
 
 DIR/ours.so: our gated kernels and mask reorders as plain TVM functions;
-DIR/tvm_dense.so: TVM's own dense matmul for every shape (wide-compile's pipeline without gating: dlight);
+DIR/tvm_dense.so: TVM's own dense matmul for every shape (wide-compile's pipeline without gating, --no-blas: dlight);
+DIR/blas_dense.so: the same shapes as wide-compile builds them by default (the vendor BLAS: passes/blas_dispatch.py),
+the dense path a gated layer falls back to;
 DIR/bench.json: the workloads.
 """
 
@@ -18,7 +20,8 @@ from tvm import relax
 from ..cuda_aot import cuda_codegen
 from ..knobs import (DECODE_BUCKETS, DEFAULT_TILES, GemvKnobs, decode_knobs, direct_bound, reorder_free_bound,
                      tile_knob, tile_knobs)
-from ..passes import LowerGatedLayers, wide_pipeline
+from ..blas.extern import extern_for
+from ..passes import DispatchDenseMatmuls, LowerGatedLayers, wide_pipeline
 from ..schedules import gated_kernel, mask_reorder
 from ..schedules.code_version import records_of as code_records_of
 from ..schedules.launch_bounds import as_built
@@ -135,8 +138,12 @@ def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None =
         dense = LowerGatedLayers(tgt.kind.name, enabled=False)  # the same pipeline wide-compile runs, no gating
         tvm.compile(dense_module(workloads), tgt, relax_pipeline=wide_pipeline(tgt, dense)).export_library(
             os.path.join(out_dir, "tvm_dense.so"))
+        extern = extern_for(tgt.kind.name)
+        blas = DispatchDenseMatmuls(tgt.kind.name, extern)
+        tvm.compile(dense_module(workloads), tgt, relax_pipeline=wide_pipeline(tgt, dense, None, blas)).export_library(
+            os.path.join(out_dir, "blas_dense.so"), options=extern.link_options())
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
-        json.dump({"target": str(tgt), "workloads": [w.to_json() for w in workloads], "sweep": sweep,
+        json.dump({"target": str(tgt), "blas": extern.library.name, "workloads": [w.to_json() for w in workloads], "sweep": sweep,
                    "wgmma": has_wgmma(tgt),
                    "layouts": {w.name: w.spec(tgt.kind.name).layout for w in workloads}}
                   | ({"records_of": {"rev": records_of, "code_versions": versions}} if records_of else {}), f, indent=1)

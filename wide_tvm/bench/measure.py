@@ -188,6 +188,7 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
     import tvm
     from tvm.runtime import vm as rvm
 
+    from ..blas.libraries import load as load_blas
     from ..runtime import ensure_cuda_runtime
 
     ensure_cuda_runtime(tvm)
@@ -196,6 +197,8 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
         spec = json.load(f)
     ours = tvm.runtime.load_module(os.path.join(build_dir, "ours.so"))
     dense_vm = rvm.VirtualMachine(tvm.runtime.load_module(os.path.join(build_dir, "tvm_dense.so")), dev)
+    load_blas([spec.get("blas", "cublasLt")])
+    blas_vm = rvm.VirtualMachine(tvm.runtime.load_module(os.path.join(build_dir, "blas_dense.so")), dev)
     timer, how = _timer(timer)
     limits = device_limits(timer)
     progress(f"measured: DRAM {limits['bandwidth_gbs']:.0f} GB/s, dense fp16 tensor cores "
@@ -232,8 +235,9 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
                         reorder(*r_args)
                         call(weights(), r_args)
 
-                    t_cublas, t_tvm, t_reorder, t_kernel, t_ours = timer(
+                    t_cublas, t_tvm, t_blas, t_reorder, t_kernel, t_ours = timer(
                         lambda: torch.matmul(x, weights()[0].t()), lambda: dense_vm[w.dense](xt, weights()[2]),
+                        lambda: blas_vm[w.dense](xt, weights()[2]),
                         lambda: reorder(*next_reorder()), lambda: call(weights(), next_kernel()), ours_call)
                     err = max(_check(w, x, weights(), mask, out, lambda wts, a=r_args: call(wts, a))
                               for mask, r_args in zip(mask_t, r_pool))
@@ -242,7 +246,7 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
                     row = {"workload": w.name, "kind": w.kind, "group_size": w.group_size, "tokens": m,
                            "sparsity": sp, "mask": mk, "measured_sparsity": float(1 - np.mean(pool)),
                            "mask_draws": draws, "used_groups": used,
-                           "cublas_us": t_cublas, "tvm_dense_us": t_tvm, "ours_us": t_ours,
+                           "cublas_us": t_cublas, "tvm_dense_us": t_tvm, "blas_dense_us": t_blas, "ours_us": t_ours,
                            "kernel_us": t_kernel, "reorder_us": t_reorder, "limit_us": limit,
                            "speedup_vs_cublas": t_cublas / t_ours,
                            # (an all-skipped row, s = 1, has no work: no limit ratio; its time is the fixed cost)
@@ -251,7 +255,7 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
                            "rel_err": err}
                     rows.append(row)
                     progress(f"{w.name:14s} M={m:5d} s={sp:.2f} {mk:7s} cuBLAS {t_cublas:9.1f} us  TVM dense "
-                             f"{t_tvm:9.1f} us  ours {t_ours:9.1f} us (reorder {t_reorder:6.1f})  "
+                             f"{t_tvm:9.1f} us  our cuBLASLt {t_blas:9.1f} us  ours {t_ours:9.1f} us (reorder {t_reorder:6.1f})  "
                              f"x{t_cublas / t_ours:5.2f}  limit {times(row['limit_speedup_vs_cublas'])}  err {err:.1e}  "
                              f"used groups {min(used)}-{max(used)} of {w.groups}")
         if json_path:

@@ -143,6 +143,67 @@ def cpu_plot(result: dict, path: str) -> str:
     return path
 
 
+def is_dense(result: dict) -> bool:
+    """A `wide-bench dense-run` result (dense matmul shapes) rather than the gated kernels'."""
+    return result.get("kind") == "dense"
+
+
+def dense_markdown(result: dict) -> str:
+    """`wide-bench dense-run`'s rows: torch.matmul, our library's BLAS dispatch, TVM's own kernels and the limit."""
+    lim = result["limits"]
+    lines = [f"Device: {result['device']} ({result['dtype']}); timer: {result['timer']}; measured "
+             f"{lim['bandwidth_gbs']:.0f} GB/s, {lim['tensor_tflops']:.1f} TFLOP/s dense. Microseconds; ours = "
+             f"the compiled library's matmul through {result['blas']}.", "",
+             "| shape | N x K | T | torch.matmul | ours | TVM's own kernel | limit | ours vs torch | TVM vs torch "
+             "| rel err |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in result["rows"]:
+        tvm_us = "-" if r["tvm_us"] is None else f"{r['tvm_us']:.1f}"
+        dims = {"scores": "heads x T x T", "values": "heads x T x 128"}.get(r["form"], f"{r['n']} x {r['k']}")
+        lines.append(f"| {r['shape']} | {dims} | {r['tokens']} | {r['torch_us']:.1f} | **{r['blas_us']:.1f}** | "
+                     f"{tvm_us} | {r['limit_us']:.1f} | {r['blas_vs_torch']:.2f}x | {times(r['tvm_vs_torch'])} | "
+                     f"{r['rel_err']:.1e} |")
+    return "\n".join(lines)
+
+
+def dense_plot(result: dict, path: str) -> str:
+    """Speed over torch.matmul against token count, one line per shape: ours (solid), TVM's own (dotted)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name in dict.fromkeys(r["shape"] for r in result["rows"]):
+        rows = sorted((r for r in result["rows"] if r["shape"] == name), key=lambda r: r["tokens"])
+        line, = ax.plot([r["tokens"] for r in rows], [r["blas_vs_torch"] for r in rows], marker="o", label=name)
+        pts = [(r["tokens"], r["tvm_vs_torch"]) for r in rows if r["tvm_vs_torch"]]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=":", color=line.get_color())
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("tokens T")
+    ax.set_ylabel("speed over torch.matmul")
+    ax.legend(fontsize=7)
+    ax.set_title(f"{result['device']}: dense matmuls, ours ({result['blas']}, solid) and TVM's own (dotted)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def model_markdown(result: dict) -> str:
+    """`wide-bench model-run`'s rows: PyTorch (dense, SDPA) against our library gated and dense."""
+    cfg = result["config"]
+    lines = [f"Device: {result['device']}; model {result['model']} ({cfg['num_layers']} layers, hidden "
+             f"{cfg['hidden_size']}, intermediate {cfg['intermediate_size']}); timer: {result['timer']}. "
+             "Microseconds per forward of [1, T].", "",
+             "| T | PyTorch (dense, SDPA) | ours gated | ours dense | gated vs PyTorch | dense vs PyTorch | "
+             "gated vs dense |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in result["rows"]:
+        lines.append(f"| {r['tokens']} | {r['torch_us']:.0f} | **{r['ours_gated_us']:.0f}** | {r['ours_dense_us']:.0f} "
+                     f"| {r['gated_vs_torch']:.2f}x | {r['dense_vs_torch']:.2f}x | {r['gated_vs_dense']:.2f}x |")
+    return "\n".join(lines)
+
+
 def load(path: str) -> dict:
     with open(path) as f:
         return json.load(f)

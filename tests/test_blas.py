@@ -1,0 +1,156 @@
+"""Dense matmuls go to the vendor BLAS linked into the library (wide_tvm/blas/, passes/blas_dispatch.py): OpenBLAS on
+the CPU (run and checked here), cuBLASLt on CUDA (built and linked here; run on the GPU host by
+tools/gpu_check.py and wide-bench dense-run)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+import wide_tvm
+from wide_tvm.blas.extern import extern_for
+from wide_tvm.blas.libraries import load as load_blas
+from wide_tvm.errors import WideError
+from wide_tvm.frontends.export import export_model
+from wide_tvm.model import WideConfig, build_example, example_inputs
+from wide_tvm.passes import DispatchDenseMatmuls, LowerGatedLayers, wide_pipeline
+from wide_tvm.targets import parse_target
+
+
+def _needed(lib: str) -> list[str]:
+    out = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True, check=True).stdout
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+
+
+def _sources(executable) -> str:
+    """The source of every module the executable carries (LLVM IR of the host code, CUDA C of the kernels)."""
+    modules, todo = [], [executable.mod]
+    while todo:
+        modules.append(todo.pop())
+        todo += list(modules[-1].imports)
+    return "".join(m.inspect_source() for m in modules if m.kind in ("llvm", "cuda"))
+
+
+def _forms_module(dtype: str) -> tuple[tvm.IRModule, dict]:
+    """One Relax function per matmul form of blas_dispatch's table, plus two it must leave to TVM; token count t
+    symbolic. Returns the module and, per function, (whether it is dispatched, a NumPy reference of it)."""
+    bb = relax.BlockBuilder()
+    forms = {}
+
+    def fn(name, params, body, dispatched, ref):
+        with bb.function(name, params):
+            with bb.dataflow():
+                out = bb.emit_output(body(*params))
+            bb.emit_func_output(out)
+        forms[name] = (dispatched, ref)
+
+    t = tvm.tirx.Var("t", "int64")
+    var = lambda name, *shape: relax.Var(name, relax.TensorType(list(shape), dtype))  # noqa: E731
+    mm, perm = relax.op.matmul, relax.op.permute_dims
+    fn("linear_nt", [var("x", t, 24), var("w", 40, 24)], lambda x, w: mm(x, perm(w)), True, lambda x, w: x @ w.T)
+    fn("linear_nn", [var("x", 1, t, 24), var("w", 24, 40)], mm, True, lambda x, w: x @ w)
+    # big enough at 33 tokens for the CPU extern to split the work over threads: by column blocks (1000 is no
+    # multiple of the 16-column block), by rows, by batch entry
+    fn("linear_wide", [var("x", t, 72), var("w", 1000, 72)], lambda x, w: mm(x, perm(w)), True, lambda x, w: x @ w.T)
+    fn("linear_narrow", [var("x", t, 512), var("w", 512, 8)], mm, True, lambda x, w: x @ w)
+    fn("scores", [var("q", 2, 3, t, 64), var("k", 2, 3, t, 64)], lambda q, k: mm(q, perm(k, [0, 1, 3, 2])), True,
+       lambda q, k: q @ np.swapaxes(k, -1, -2))
+    fn("values", [var("p", 2, 3, t, t), var("v", 2, 3, t, 8)], mm, True, lambda p, v: p @ v)
+    fn("broadcast_batch", [var("x", 2, t, 8), var("w", 1, 8, 5)], mm, False, lambda x, w: x @ w)
+    fn("permuted_batch", [var("x", 2, t, 8), var("w", 8, 2, 5)], lambda x, w: mm(x, perm(w, [1, 0, 2])), False,
+       lambda x, w: x @ np.transpose(w, (1, 0, 2)))
+    return bb.get(), forms
+
+
+def _shape_of(param, t: int) -> list[int]:
+    return [t if not isinstance(d, tvm.tirx.IntImm) else int(d) for d in param.ty.shape.values]
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 33])
+def test_every_dispatched_form_matches_numpy_on_the_cpu(tmp_path, tokens):
+    mod, forms = _forms_module("float32")
+    tgt = parse_target("llvm")
+    extern = extern_for("llvm")
+    dispatch = DispatchDenseMatmuls("llvm", extern)
+    with tgt:
+        ex = tvm.compile(mod, tgt, relax_pipeline=wide_pipeline(tgt, LowerGatedLayers("llvm", enabled=False), None,
+                                                                 dispatch))
+    assert len(dispatch.dispatched) == sum(d for d, _ in forms.values())
+    lib = str(tmp_path / "forms.so")
+    ex.export_library(lib, options=extern.link_options())
+    assert "libscipy_openblas.so" in _needed(lib)
+    load_blas(["openblas"])  # as wide_tvm.load does: the library names it without a path
+    vm = relax.VirtualMachine(tvm.runtime.load_module(lib), tvm.cpu())
+    rng = np.random.default_rng(tokens)
+    for name, (_, ref) in forms.items():
+        args = [rng.standard_normal(_shape_of(p, tokens)).astype("float32") for p in mod[name].params]
+        out = vm[name](*[tvm.runtime.tensor(a) for a in args]).numpy()
+        np.testing.assert_allclose(out, ref(*args), rtol=1e-5, atol=1e-5, err_msg=name)
+        assert np.array_equal(out, vm[name](*[tvm.runtime.tensor(a) for a in args]).numpy()), name
+
+
+def test_cpu_model_runs_its_dense_matmuls_on_openblas(exported, tmp_path):
+    path, model, cfg = exported("default", "onnx")
+    compiled = wide_tvm.compile(path, "llvm")
+    assert compiled.blas_matmuls and {m.dtype for m in compiled.blas_matmuls} == {"float32"}
+    assert not re.search(r"define [^\n]*matmul", _sources(compiled.executable))  # no TVM matmul kernel is left
+    lib = compiled.export(str(tmp_path / "m.so"))
+    assert "libscipy_openblas.so" in _needed(lib)
+    runner = wide_tvm.load(lib)
+    assert runner.meta["blas"] == ["openblas"] and len(runner.meta["blas_matmuls"]) == len(compiled.blas_matmuls)
+    for t in (1, 7, 33):
+        x = example_inputs(cfg, t, seed=t)
+        with torch.no_grad():
+            ref = model(x).numpy()
+        out = runner(x.numpy())
+        assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-5
+        assert np.array_equal(out, runner(x.numpy()))
+
+
+def test_no_blas_leaves_matmuls_to_tvm(exported, tmp_path):
+    from wide_tvm.cli import compile_main
+
+    path, _, _ = exported("dense", "onnx")
+    assert compile_main([path, "--no-blas", "-o", str(tmp_path / "plain.so")]) == 0
+    assert "libscipy_openblas.so" not in _needed(str(tmp_path / "plain.so"))
+    assert wide_tvm.load(str(tmp_path / "plain.so")).meta["blas"] == []
+
+
+def test_a_missing_blas_wheel_is_one_clear_error(exported, tmp_path, monkeypatch):
+    path, _, cfg = exported("dense", "onnx")
+    lib = wide_tvm.compile(path, "llvm").export(str(tmp_path / "m.so"))
+    np.savez(tmp_path / "in.npz", input_ids=example_inputs(cfg, 3).numpy())
+    env = dict(os.environ, WIDE_TVM_OPENBLAS=str(tmp_path / "nowhere" / "libscipy_openblas.so"))
+    code = f"import sys; from wide_tvm.cli import run_main; sys.exit(run_main([{lib!r}, '--inputs', {str(tmp_path / 'in.npz')!r}]))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().count("\n") == 0 and "scipy-openblas32" in run.stderr, run.stderr
+    monkeypatch.setenv("WIDE_TVM_OPENBLAS", str(tmp_path / "nowhere" / "libscipy_openblas.so"))
+    with pytest.raises(WideError, match="scipy-openblas32"):
+        wide_tvm.compile(path, "llvm")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_cuda_model_links_cublaslt_and_has_no_tvm_matmul(tmp_path):
+    cfg = WideConfig()
+    path = str(tmp_path / "fp16.onnx")
+    export_model(build_example(cfg).half(), example_inputs(cfg), path)
+    compiled = wide_tvm.compile(path, "cuda")
+    assert compiled.blas_matmuls and {m.dtype for m in compiled.blas_matmuls} == {"float16"}
+    assert any(m.batched for m in compiled.blas_matmuls)  # attention's scores and values too
+    kernels = re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(',
+                         _sources(compiled.executable))
+    assert kernels and not [k for k in kernels if "matmul" in k]
+    lib = compiled.export(str(tmp_path / "m.so"))
+    assert "libcublasLt.so.13" in _needed(lib)
+    symbols = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True, check=True).stdout
+    assert "__tvm_ffi_wide_cublaslt_matmul" in symbols

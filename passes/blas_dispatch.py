@@ -1,6 +1,7 @@
 """DispatchDenseMatmuls: every dense matmul the gated lowering left goes to the target's vendor BLAS extern.
 
-On CUDA, fp16 / bf16 matmuls go to cuBLASLt (`wide_cublaslt_matmul`); on the CPU, fp32 ones go to OpenBLAS
+On CUDA, fp16 / bf16 / fp32 matmuls go to cuBLASLt (`wide_cublaslt_matmul`; fp32 exact, no TF32; an fp16 model's
+attention exported through SDPA runs its products in fp32); on the CPU, fp32 ones go to OpenBLAS
 (`wide_cblas_matmul`); see wide_tvm/blas/. Matched forms (shapes row-major; `b` is the extern's second operand):
 
 | Relax | extern call | example |
@@ -11,7 +12,7 @@ On CUDA, fp16 / bf16 matmuls go to cuBLASLt (`wide_cublaslt_matmul`); on the CPU
 | `matmul(p [B.., M, K], v [B.., K, N])` | `b = v`, trans_b = 0 | attention values |
 
 A batched `b` must have the same leading dims as `x` (no broadcasting); anything else (1-D operands, mixed dtypes, an
-`out_dtype` that differs from the inputs, fp32 on CUDA) is left to TVM. The CUDA call also returns cuBLASLt's
+`out_dtype` that differs from the inputs, fp16 on the CPU) is left to TVM. The CUDA call also returns cuBLASLt's
 workspace (`WORKSPACE_BYTES`, uint8), allocated by TVM's memory planner like any other temporary, so the call
 allocates nothing itself and can be captured in a CUDA graph:
 
@@ -35,7 +36,7 @@ from tvm.sym.analyzer import Analyzer
 from .mask_analysis import resolve
 
 WORKSPACE_BYTES = 32 << 20  # cuBLASLt's recommended workspace on Hopper
-DTYPES = {"cuda": ("float16", "bfloat16"), "llvm": ("float32",)}
+DTYPES = {"cuda": ("float16", "bfloat16", "float32"), "llvm": ("float32",)}
 FUNCTIONS = {"cuda": "wide_cublaslt_matmul", "llvm": "wide_cblas_matmul"}
 
 

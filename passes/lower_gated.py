@@ -17,12 +17,13 @@ from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from ..knobs import UNREAD
 from ..errors import WideError
-from ..kernel_spec import KernelSpec, kernel_key, kernel_layout
+from ..kernel_spec import KernelSpec, kernel_layout
 from ..schedules import gemm_k, gemm_mn, gemm_mn_reorder_bound, mask_reorder
 from ..knobs import decode_knobs
 from ..knobs import DEFAULT_TILES, tile_knobs
 from ..weight_layout import TC_CHUNK, TC_ROWS, stored_shape
 from ..schedules.tiles import tiles_from_log
+from ..tuning.nearest import knobs_entry
 from ..schedules.root_block import with_root_block
 from ..schedules.launch_bounds import as_built
 from .gate_report import UnloweredGate, derivation_vars, unlowered_gates
@@ -56,6 +57,7 @@ class GatedPlan:
     layers: list[GatedLayer] = field(default_factory=list)
     repacked: dict[str, tuple[str, str]] = field(default_factory=dict)
     unlowered: list[UnloweredGate] = field(default_factory=list)  # routers whose gates stay dense, and why
+    derived: dict[str, str] = field(default_factory=dict)  # untuned kernel key -> the tuned key whose knobs it took
 
     @property
     def kernels(self) -> list[KernelSpec]:
@@ -93,6 +95,7 @@ class _State:
     build: bool = True  # False: plan only (every kernel an empty stand-in; the module is not for compiling)
     used: set = field(default_factory=set)  # the variables every lowered layer's gate is derived from
     mismatches: dict = field(default_factory=dict)  # gated multiply's variable -> why its gate was not lowered
+    derived: dict = field(default_factory=dict)  # untuned kernel key -> tuned key whose knobs it took (nearest.py)
 
     def analyse(self, gated, mask, channels: int | None) -> MaskInfo | None:
         """mask_analysis.analyse_mask of the multiply `gated` (mask times the other factor), recording a mismatch
@@ -200,19 +203,27 @@ def _is_attention(operand, var2val, depth: int = 64) -> bool:
 
 
 def _tuned(state: _State, kind: str, groups: int, group_size: int, dim: int, dtype: str) -> dict:
-    """Keyword arguments with the tuned knobs of one kernel, {} when the tuning log has none."""
-    key = kernel_key(kind, groups, group_size, dim, dtype)
-    entry = state.knobs.get(key)
+    """Keyword arguments with the tuned knobs of one kernel: its own entry, else those of the nearest tuned shape's
+    that fit it (tuning/nearest.py), {} when there is neither."""
+    spec = KernelSpec.planned(kind, groups, group_size, dim, dtype, state.target_kind)
+    entry, source = knobs_entry(state.knobs, spec, state.wgmma)
     if not entry:
         return {}
+    if source:
+        state.derived[spec.key] = source
     try:
-        if state.target_kind == "cuda":
-            return {**({"decode_knobs": decode_knobs(entry["decode"])} if "decode" in entry else {}),
-                    "tile_knobs": tile_knobs(entry.get("tiles"), state.wgmma, kind)}
-        if state.target_kind == "llvm" and "cpu" in entry:
-            return {"cpu_tile": tiles_from_log(entry["cpu"])}
+        return _knob_arguments(state, kind, entry)
     except (TypeError, ValueError, KeyError) as err:
-        raise WideError(f"tuning log entry {key}: unusable knobs ({err}); re-tune it or delete the entry") from None
+        raise WideError(f"tuning log entry {source or spec.key}: unusable knobs ({err}); re-tune it or delete the "
+                        "entry") from None
+
+
+def _knob_arguments(state: _State, kind: str, entry: dict) -> dict:
+    if state.target_kind == "cuda":
+        return {**({"decode_knobs": decode_knobs(entry["decode"])} if "decode" in entry else {}),
+                "tile_knobs": tile_knobs(entry.get("tiles"), state.wgmma, kind)}
+    if state.target_kind == "llvm" and "cpu" in entry:
+        return {"cpu_tile": tiles_from_log(entry["cpu"])}
     return {}
 
 
@@ -496,4 +507,5 @@ class LowerGatedLayers:
                 self.plan.repacked.update({p.name: (src, have) for p, (_, src, have) in state.repacked.items()})
             builder.update_func(gv, func)
             self.plan.layers.extend(state.layers)
+            self.plan.derived.update(state.derived)
         return builder.get()

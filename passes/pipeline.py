@@ -11,6 +11,7 @@ import tvm
 from tvm import relax
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 
+from .attention_matmuls import DecomposeAttention
 from .blas_dispatch import DispatchDenseMatmuls
 from .legalize import WIDE_LEGALIZATIONS
 from .lower_gated import LowerGatedLayers
@@ -31,7 +32,8 @@ def wide_passes(target: tvm.target.Target, lower: LowerGatedLayers, tuning_log: 
     is_gpu = target.kind.name == "cuda"
     passes = [
         lower,                                                        # gated layers -> block-sparse kernels
-        *([blas] if blas is not None else []),                        # dense matmuls -> cuBLASLt / OpenBLAS
+        *([DecomposeAttention(), blas] if blas is not None else []),  # attention's matmuls written out, and every
+                                                                      # dense matmul -> cuBLASLt / OpenBLAS
         relax.transform.DeadCodeElimination(),
         FuseWeightTranspose(),                                        # x @ W.T without materialising W.T
         relax.transform.LegalizeOps(customize_legalize_map=WIDE_LEGALIZATIONS),

@@ -154,3 +154,43 @@ def test_cuda_model_links_cublaslt_and_has_no_tvm_matmul(tmp_path):
     assert "libcublasLt.so.13" in _needed(lib)
     symbols = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True, check=True).stdout
     assert "__tvm_ffi_wide_cublaslt_matmul" in symbols
+
+
+@pytest.mark.parametrize("causal,kv_extra,bias", [(None, 0, False), ("TopLeft", 0, False), ("BottomRight", 3, False),
+                                                  (None, 2, True)])
+def test_attention_is_written_out_for_blas_and_means_the_same(tmp_path, causal, kv_extra, bias):
+    """R.nn.attention (torch SDPA's import) decomposed into BLAS-dispatched matmuls equals TVM's own legalization.
+    Query and key lengths differ only in static shapes (TVM's own legalization fails on symbolic ones that do)."""
+    from wide_tvm.passes.attention_matmuls import DecomposeAttention
+
+    s = tvm.tirx.Var("s", "int64") if kv_extra == 0 else 4
+    s_kv = s if kv_extra == 0 else 4 + kv_extra
+    ty = lambda *shape: relax.TensorType(list(shape), "float32")  # noqa: E731
+    params = [relax.Var("q", ty(1, s, 3, 8)), relax.Var("k", ty(1, s_kv, 3, 8)), relax.Var("v", ty(1, s_kv, 3, 5))]
+    if bias:
+        params.append(relax.Var("bias", ty(1, 3, s, s_kv)))
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            call = (relax.op.nn.attention(*params[:3], params[3] if bias else None, causal_mask=causal))
+            out = bb.emit_output(call)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    tgt = parse_target("llvm")
+    extern = extern_for("llvm")
+    decompose, dispatch = DecomposeAttention(), DispatchDenseMatmuls("llvm", extern)
+    with tgt:
+        plain = tvm.compile(mod, tgt, relax_pipeline=wide_pipeline(tgt, LowerGatedLayers("llvm", enabled=False)))
+        ex = tvm.compile(mod, tgt, relax_pipeline=tvm.transform.Sequential(
+            [decompose, wide_pipeline(tgt, LowerGatedLayers("llvm", enabled=False), None, dispatch)]))
+    assert decompose.count == 1 and len(dispatch.dispatched) == 2  # scores and values
+    lib = str(tmp_path / "att.so")
+    ex.export_library(lib, options=extern.link_options())
+    load_blas(["openblas"])
+    ours, ref = (relax.VirtualMachine(m, tvm.cpu()) for m in (tvm.runtime.load_module(lib), plain.jit()))
+    rng = np.random.default_rng(5)
+    for tokens in (1, 6) if kv_extra == 0 else (4,):
+        args = [rng.standard_normal(_shape_of(p, tokens)).astype("float32") for p in params]
+        got = ours["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+        want = ref["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -150,7 +150,11 @@ def test_tuned_knobs_reach_the_kernels():
     assert _tuned(gpu, "gemm_k", 112, 128, 4096, "float16") == {
         "decode_knobs": (GemvKnobs(32, 2), GemvKnobs(32, 2), GemvKnobs(16, 1), GemvKnobs(), GemvKnobs()),
         "tile_knobs": DEFAULT_TILES}  # a log without tile knobs: the defaults
-    assert _tuned(gpu, "gemm_k", 112, 128, 2048, "float16") == {}
+    # a shape without an entry takes the nearest tuned shape's knobs (tuning/nearest.py), noted in the state;
+    # one too far from every tuned shape keeps the defaults
+    assert _tuned(gpu, "gemm_k", 112, 128, 2048, "float16") == _tuned(gpu, "gemm_k", 112, 128, 4096, "float16")
+    assert gpu.derived == {kernel_spec.kernel_key("gemm_k", 112, 128, 2048, "float16"): key}
+    assert _tuned(gpu, "gemm_k", 4, 128, 64, "float16") == {}
     # a hand-edited or foreign log fails with the kernel's key, not deep inside the kernel builder
     for bad in ({"tiles": [[96, 1, 3, 1]] * 3}, {"tiles": [["gemv"], [128, 0, 3, 1], [128]]}, {"decode": [["x"]]},
                 {"tiles": [[128, 1, 1, 1]] * 3}):
@@ -303,3 +307,50 @@ def test_a_stopped_run_stays_on_record_as_unfinished(tmp_path, monkeypatch):
     assert run["finished"] is False and "--trials 3" in run["command"]
     assert run["tasks"] == [f"{kind}/g112x128/d4096/{dt}/cpu0" for dt in ("float32", "float16", "bfloat16")
                             for kind in ("gemm_mn_swiglu", "gemm_k")]
+
+
+def test_an_untuned_shape_takes_the_nearest_tuned_shapes_knobs():
+    from wide_tvm.tuning.nearest import nearest, parse_key
+
+    entries = {"gemm_k/g112x128/d4096/float16": {}, "gemm_k/g448x32/d4096/float16": {},
+               "gemm_mn_swiglu/g112x128/d4096/float16": {}, "gemm_k/g112x128/d2048/float16": {},
+               "gemm_k/g112x128/d4096/float32": {}}
+    assert parse_key("gemm_k/g148x128/d3584/float16") == ("gemm_k", 148, 128, 3584, "float16")
+    assert parse_key("not a key") is None
+    # same kind, group size and dtype; the nearest K / N on a log scale
+    assert nearest(entries, "gemm_k/g148x128/d3584/float16") == "gemm_k/g112x128/d4096/float16"
+    assert nearest(entries, "gemm_k/g112x128/d2500/float16") == "gemm_k/g112x128/d2048/float16"
+    assert nearest(entries, "gemm_k/g112x128/d5120/float32") == "gemm_k/g112x128/d4096/float32"
+    assert nearest(entries, "gemm_mn_swiglu/g148x128/d3584/float16") == "gemm_mn_swiglu/g112x128/d4096/float16"
+    assert nearest(entries, "gemm_k/g8x512/d4096/float16") is None  # no tuned shape with groups of 512
+    assert nearest(entries, "gemm_mn/g112x128/d4096/float16") is None  # another kind
+    assert nearest(entries, "gemm_k/g4x128/d64/float16") is None  # too far from every tuned shape
+
+
+def test_the_lowering_gives_an_untuned_kernel_the_nearest_knobs(tmp_path):
+    """A CUDA plan of an FFN whose shape no database holds takes the tuned groups-of-128 knobs (plan only)."""
+    from wide_tvm.frontends.export import export_model
+    from wide_tvm.frontends.loader import import_model
+    from wide_tvm.model import WideConfig, build_example, example_inputs
+    from wide_tvm.passes import LowerGatedLayers
+    from wide_tvm.targets import parse_target
+    from wide_tvm.tuning.database import load
+    from wide_tvm.tuning.folders import shipped_root
+
+    cfg = WideConfig(vocab_size=64, hidden_size=1024, intermediate_size=7168, ffn_group_size=128, num_layers=1,
+                     num_heads=8, num_kv_heads=2, head_dim=128, attn_group_size=4)
+    path = str(tmp_path / "m.onnx")
+    export_model(build_example(cfg).half(), example_inputs(cfg), path)
+    tgt = parse_target("cuda")
+    lower = LowerGatedLayers("cuda", knobs=load(str(shipped_root() / "cuda-sm90")), wgmma=True, build=False)
+    with tgt:
+        lower(import_model(path).mod)
+    assert lower.plan.derived == {"gemm_mn_swiglu/g56x128/d1024/float16": "gemm_mn_swiglu/g112x128/d4096/float16",
+                                  "gemm_k/g56x128/d1024/float16": "gemm_k/g112x128/d4096/float16",
+                                  # Q / O: 2 groups of 4 heads x 128 from Llama's 8 groups of 512 channels
+                                  "gemm_mn/g2x512/d1024/float16": "gemm_mn/g8x512/d4096/float16",
+                                  "gemm_k/g2x512/d1024/float16": "gemm_k/g8x512/d4096/float16"}
+    # a tiny model is too far from any tuned shape to borrow its knobs (tuning/nearest.py: MAX_DISTANCE)
+    from wide_tvm.tuning.nearest import nearest
+
+    assert nearest(load(str(shipped_root() / "cuda-sm90")), "gemm_k/g4x128/d256/float16") is None

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # On the GPU host (runtime-only TVM bundle): every check and benchmark of the dense-matmul dispatch, built here by
 #   wide-bench dense-build gpu_run/dense && wide-bench model-build gpu_run/model \
-#     && python tools/build_gpu_check.py gpu_run/check --examples && wide-bench build gpu_run/bench
+#     && python tools/build_gpu_check.py gpu_run/check --examples && wide-bench build gpu_run/bench \
+#     && wide-bench build gpu_run/untuned --workloads untuned \
+#     && wide-bench build gpu_run/untuned_defaults --workloads untuned --no-derived
 #   ../shared/gpu/stage runtime
 # then, carrying .gpu and gpu_run:  . .gpu/env.sh && tools/gpu_dense_run.sh gpu_run OUT_DIR [STEP...]
 # STEP: check (whole compiled models against PyTorch), dense (every dense shape against torch.matmul), model (the
-# 2-layer Llama-shape model against PyTorch), gated (the gated kernels beside cuBLAS and our cuBLASLt dense); all four
-# by default. Each writes OUT_DIR/STEP.json.
+# 2-layer Llama-shape model against PyTorch), gated (the gated kernels beside cuBLAS and our cuBLASLt dense),
+# untuned (Qwen2.5-7B / Mistral-Nemo FFNs on the nearest tuned shape's knobs, and on the generic defaults); all by
+# default. Each writes OUT_DIR/STEP.json (untuned: untuned.json and untuned_defaults.json).
 set -uo pipefail
 build=${1:?build folder}; out=${2:?output folder}; shift 2
-steps=${*:-check dense model gated}
+steps=${*:-check dense model gated untuned}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 bench='import sys; from wide_tvm.cli import bench_main; sys.exit(bench_main(sys.argv[1:]))'
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
@@ -21,6 +24,10 @@ for step in $steps; do
     model) python3 -c "$bench" model-run "$build/model" --json "$out/model.json" ;;
     gated) python3 -c "$bench" run "$build/bench" --json "$out/gated.json" --tokens 1 4 16 64 256 1024 4096 \
              --sparsity 0.5 --masks random ;;
+    untuned) for d in untuned untuned_defaults; do
+               python3 -c "$bench" run "$build/$d" --json "$out/$d.json" --tokens 1 4 16 64 256 1024 4096 \
+                 --sparsity 0.5 --masks random
+             done ;;
     *) echo "unknown step $step" >&2 ;;
   esac
 done

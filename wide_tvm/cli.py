@@ -167,6 +167,11 @@ def bench_main(argv=None) -> int:
     b.add_argument("--sweep", nargs="?", const="all", choices=SWEEPS,
                    help="also build every knob candidate (all), the many-token tile kernels' alone (tiles), or the "
                         "Hopper wgmma GEMMs' alone (wgmma)")
+    b.add_argument("--workloads", choices=("llama8b", "untuned"), default="llama8b",
+                   help="llama8b: the tuned Llama-3.1-8B shapes (default); untuned: Qwen2.5-7B and Mistral-Nemo FFNs, "
+                        "shapes no shipped tuning holds")
+    b.add_argument("--no-derived", action="store_true",
+                   help="untuned shapes on the generic default knobs instead of the nearest tuned shape's")
     b.add_argument("--records-of", metavar="REV",
                    help="apply the database records stamped by git revision REV's kernel code (the A/B of a kernel "
                         "edit before its records are re-stamped); bench.json says so")
@@ -221,7 +226,9 @@ def bench_main(argv=None) -> int:
         if args.cmd == "build":
             from .bench.build import build
 
-            print(f"wrote {build(args.dir, args.target, sweep=args.sweep, records_of=args.records_of)}")
+            from .bench.workloads import WORKLOAD_SETS
+
+            print(f"wrote {build(args.dir, args.target, WORKLOAD_SETS[args.workloads], sweep=args.sweep, records_of=args.records_of, derived=not args.no_derived)}")
         elif args.cmd == "dense-build":
             from .bench.dense import build_dense
 

@@ -35,6 +35,7 @@ class Compiled:
     unlowered: list = field(default_factory=list)  # gate_report.UnloweredGate of each router left dense
     blas: object = None  # blas.extern.BlasExtern the library links, or None
     blas_matmuls: list = field(default_factory=list)  # passes.DispatchedMatmul of each matmul sent to it
+    derived: dict = field(default_factory=dict)  # untuned kernel key -> the tuned key whose knobs it took
 
     @property
     def device_kind(self) -> str:
@@ -47,7 +48,7 @@ class Compiled:
                 "layers": [layer.to_json() for layer in self.layers],
                 "unlowered_gates": [gate.to_json() for gate in self.unlowered], "source": str(self.model.source),
                 "blas": [self.blas.library.name] if self.blas else [],
-                "blas_matmuls": [m.to_json() for m in self.blas_matmuls]}
+                "blas_matmuls": [m.to_json() for m in self.blas_matmuls], "derived_knobs": self.derived}
 
     def export(self, path: str) -> str:
         """Write PATH (TVM library) and its weights file atomically; returns PATH."""
@@ -82,6 +83,8 @@ class Compiled:
         if self.tuning_log:
             tuned = len(_tuned_entries(self.tuning_log.split(" + ")))
             lines.append(f"tuning log applied: {self.tuning_log} ({tuned} kernel knob entries)")
+        for key, source in self.derived.items():
+            lines.append(f"  {key}: not tuned; the knobs of the nearest tuned shape, {source}")
         return "\n".join(lines)
 
 
@@ -150,7 +153,7 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     `dependent_launch=False` launches the gated kernels plainly on sm_90+ too (schedules/dependent_launch.py).
     A router whose gate is not recognised leaves its layer dense with an UnloweredGateWarning naming the router and
     the node where recognition stopped; `strict=True` raises a WideError instead.
-    `blas=True` sends every other dense matmul to the vendor BLAS (cuBLASLt for fp16 / bf16 on CUDA, OpenBLAS for fp32
+    `blas=True` sends every other dense matmul to the vendor BLAS (cuBLASLt for fp16 / bf16 / fp32 on CUDA, OpenBLAS for fp32
     on the CPU; wide_tvm/blas/), linked into the library; `blas=False` leaves them to TVM's own kernels.
     """
     if isinstance(model, (str, os.PathLike)):
@@ -203,4 +206,4 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
                       stacklevel=2)
     matmuls = dispatch.dispatched if dispatch else []
     return Compiled(executable, imported, tgt, lower.plan.layers, " + ".join(logs) or None, lower.plan.unlowered,
-                    extern if matmuls else None, matmuls)
+                    extern if matmuls else None, matmuls, lower.plan.derived)

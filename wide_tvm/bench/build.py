@@ -28,14 +28,16 @@ from ..schedules.launch_bounds import as_built
 from ..targets import has_wgmma, launches_dependents, parse_target, target_folder
 from ..tuning.database import load as load_knobs
 from ..tuning.folders import shipped_root
+from ..tuning.nearest import knobs_entry
 from .workloads import LLAMA_8B, SWEEPS, Workload, swept_variants, tile_name, variants
 
 
 def _kernel(w: Workload, target_kind: str, knobs=None, tuned: dict | None = None, tile=None, wgmma: bool = False):
-    """Our kernel for `w`: with `knobs` for every decode bucket, else the tuned entry, else defaults; with
-    `tile`, those many-token tile knobs instead of the tuned ones (tuned wgmma picks only where `wgmma`)."""
+    """Our kernel for `w`: with `knobs` for every decode bucket, else the tuned entry (or the nearest tuned
+    shape's), else defaults; with `tile`, those many-token tile knobs instead of the tuned ones (tuned wgmma picks
+    only where `wgmma`)."""
     spec = w.spec(target_kind)
-    entry = (tuned or {}).get(spec.key, {})
+    entry = knobs_entry(tuned or {}, spec, wgmma)[0]  # as a compile gives it (its own, or the nearest tuned shape's)
     extra = {}
     if knobs is not None:
         extra = {"decode_knobs": (knobs,) * len(DECODE_BUCKETS)}
@@ -55,7 +57,7 @@ def built_bounds(w: Workload, target_kind: str, tuned: dict | None, wgmma: bool)
     spec = w.spec(target_kind)
     if target_kind != "cuda" or spec.layout != "tc":
         return 0, 0
-    entry = (tuned or {}).get(spec.key, {})
+    entry = knobs_entry(tuned or {}, spec, wgmma)[0]
     tiles = tile_knobs(entry.get("tiles"), wgmma, spec.kind)
     return direct_bound(w.kind, tiles, w.group_size), 0 if w.kind == "gemm_k" else reorder_free_bound(tiles)
 
@@ -114,7 +116,7 @@ def dense_module(workloads: list[Workload]) -> tvm.IRModule:
 
 
 def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None = None, sweep: str | None = None,
-          records_of: str | None = None) -> str:
+          records_of: str | None = None, derived: bool = True) -> str:
     """Our kernels (ours.so) and TVM's dense ones (tvm_dense.so) for the workloads, with the committed database's
     picks; `records_of` REV: the picks of the records stamped by REV's kernel code (code_version.records_of), for
     the A/B of a kernel edit whose records are not re-stamped yet; bench.json names REV and its code versions."""
@@ -128,6 +130,8 @@ def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None =
     with tgt:
         with pinned as versions:  # (a bad REV fails here, before anything is written)
             tuned = load_knobs(str(shipped_root() / target_folder(tgt)))
+        if not derived:  # untuned shapes on the generic defaults (the A/B of tuning/nearest.py)
+            tuned = {k: v for k, v in tuned.items() if k in {w.spec(tgt.kind.name).key for w in workloads}}
         os.makedirs(out_dir, exist_ok=True)
         workloads = with_bounds(workloads, tgt.kind.name, tuned, has_wgmma(tgt))
         funcs = our_kernels(workloads, tgt.kind.name, sweep, tuned, has_wgmma(tgt))
@@ -143,7 +147,7 @@ def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None =
         tvm.compile(dense_module(workloads), tgt, relax_pipeline=wide_pipeline(tgt, dense, None, blas)).export_library(
             os.path.join(out_dir, "blas_dense.so"), options=extern.link_options())
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
-        json.dump({"target": str(tgt), "blas": extern.library.name, "workloads": [w.to_json() for w in workloads], "sweep": sweep,
+        json.dump({"target": str(tgt), "blas": extern.library.name, "workloads": [w.to_json() for w in workloads], "sweep": sweep, "derived": derived,
                    "wgmma": has_wgmma(tgt),
                    "layouts": {w.name: w.spec(tgt.kind.name).layout for w in workloads}}
                   | ({"records_of": {"rev": records_of, "code_versions": versions}} if records_of else {}), f, indent=1)

@@ -104,6 +104,16 @@ LLAMA_8B = [
     Workload("q_proj_h4", "gemm_mn", 8, 512, 4096),
     Workload("o_proj_h4", "gemm_k", 8, 512, 4096),
 ]
+# FFN shapes the shipped tunings never saw (keep them out of the databases): Qwen2.5-7B (hidden 3584, intermediate
+# 18944) and Mistral-Nemo (hidden 5120, intermediate 14336), groups of 128; built with the nearest tuned shape's
+# knobs (tuning/nearest.py), or with the generic defaults (`wide-bench build --workloads untuned --no-derived`)
+UNTUNED = [
+    Workload("qwen7b_gate_up", "gemm_mn", 148, 128, 3584, swiglu=True),
+    Workload("qwen7b_down", "gemm_k", 148, 128, 3584),
+    Workload("nemo_gate_up", "gemm_mn", 112, 128, 5120, swiglu=True),
+    Workload("nemo_down", "gemm_k", 112, 128, 5120),
+]
+WORKLOAD_SETS = {"llama8b": LLAMA_8B, "untuned": UNTUNED}
 
 
 # Decode-kernel knob candidates (warps, K chunks per warp and step[, 16-row tiles per warp[, cp.async ring

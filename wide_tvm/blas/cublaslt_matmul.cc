@@ -1,4 +1,4 @@
-// wide_cublaslt_matmul: dense fp16 / bf16 matmul through cuBLASLt, as a TVM FFI function linked into a compiled
+// wide_cublaslt_matmul: dense fp16 / bf16 / fp32 matmul through cuBLASLt, as a TVM FFI function linked into a compiled
 // library (wide_tvm/blas/extern.py builds it with nvcc; passes/blas_dispatch.py calls it).
 //
 // Contract (destination-passing, row-major, contiguous tensors, fp32 accumulation):
@@ -168,16 +168,18 @@ const Plan& GetPlan(cublasLtHandle_t handle, const PlanKey& key, cudaDataType_t 
 void Matmul(DLTensor* a, DLTensor* b, int64_t trans_b, int64_t algo_rank, DLTensor* out, DLTensor* ws) {
   if (a->device.device_type != kDLCUDA) TVM_FFI_THROW(ValueError) << "wide_cublaslt_matmul: tensors must be on CUDA";
   if (a->dtype.code != b->dtype.code || a->dtype.bits != b->dtype.bits || a->dtype.code != out->dtype.code ||
-      a->dtype.bits != 16 || out->dtype.bits != 16) {
-    TVM_FFI_THROW(TypeError) << "wide_cublaslt_matmul: a, b and out must all be float16 or all bfloat16";
+      a->dtype.bits != out->dtype.bits || a->dtype.lanes != 1) {
+    TVM_FFI_THROW(TypeError) << "wide_cublaslt_matmul: a, b and out must have one dtype";
   }
   cudaDataType_t type;
-  if (a->dtype.code == kDLFloat) {
+  if (a->dtype.code == kDLFloat && a->dtype.bits == 16) {
     type = CUDA_R_16F;
-  } else if (a->dtype.code == kDLBfloat) {
+  } else if (a->dtype.code == kDLBfloat && a->dtype.bits == 16) {
     type = CUDA_R_16BF;
+  } else if (a->dtype.code == kDLFloat && a->dtype.bits == 32) {
+    type = CUDA_R_32F;  // exact fp32 (no TF32), as torch.matmul computes by default
   } else {
-    TVM_FFI_THROW(TypeError) << "wide_cublaslt_matmul: a must be float16 or bfloat16";
+    TVM_FFI_THROW(TypeError) << "wide_cublaslt_matmul: float16, bfloat16 or float32 only";
   }
   if (!IsCompact(a) || !IsCompact(b) || !IsCompact(out)) {
     TVM_FFI_THROW(ValueError) << "wide_cublaslt_matmul: tensors must be contiguous";

@@ -112,8 +112,11 @@ def test_temporaries_go_on_sigterm_and_after_a_kill(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
     assert os.listdir(tmp_path) == []
-    proc = subprocess.run([sys.executable, "-c", script.replace("SIGTERM", "SIGINT")], capture_output=True,
-                          text=True, timeout=60)  # Ctrl-C: KeyboardInterrupt through the same cleanup
+    # Ctrl-C: KeyboardInterrupt through the same cleanup (Python's own handler set first: a test run started in the
+    # background of a non-interactive shell inherits SIGINT ignored, and Python then leaves it so)
+    interrupt = script.replace("SIGTERM", "SIGINT").replace(
+        "import os, signal, time\n", "import os, signal, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n")
+    proc = subprocess.run([sys.executable, "-c", interrupt], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr and os.listdir(tmp_path) == []
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale = tmp_path / f".m.so.{int(dead.stdout)}.tmp.so"

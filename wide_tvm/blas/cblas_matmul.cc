@@ -25,25 +25,16 @@
 #include <cstdint>
 #include <mutex>
 
+#include "dltensor.h"
+
 namespace {
+
+using wide_blas::DataPtr;
+using wide_blas::IsCompact;
 
 // Multiply-adds below which a call runs on the calling thread alone (a parallel launch costs a few microseconds).
 constexpr int64_t kParallelWork = 64 * 1024;
 constexpr int64_t kColumnBlock = 16;  // output columns per split unit: whole cache lines of C and of B^T rows
-
-bool IsCompact(const DLTensor* t) {
-  if (t->strides == nullptr) return true;
-  int64_t expected = 1;
-  for (int i = t->ndim - 1; i >= 0; --i) {
-    if (t->shape[i] != 1 && t->strides[i] != expected) return false;
-    expected *= t->shape[i];
-  }
-  return true;
-}
-
-float* DataPtr(const DLTensor* t) {
-  return reinterpret_cast<float*>(static_cast<char*>(t->data) + t->byte_offset);
-}
 
 // out[batch][M, N] = a[batch][M, K] @ op(b[batch or shared]), split into units along `axis`.
 struct Job {
@@ -123,15 +114,15 @@ void Matmul(DLTensor* a, DLTensor* b, int64_t trans_b, DLTensor* out) {
   if (kb != k || out->shape[out->ndim - 1] != n || out->shape[out->ndim - 2] != m) {
     TVM_FFI_THROW(ValueError) << "wide_cblas_matmul: shapes do not agree (K " << k << " vs " << kb << ")";
   }
-  float* po = DataPtr(out);
+  float* po = DataPtr<float>(out);
   if (lead * m == 0 || n == 0) return;
   if (k == 0) {
     std::fill(po, po + lead * m * n, 0.0f);
     return;
   }
   bool shared_b = b->ndim == 2;
-  Job job{DataPtr(a), DataPtr(b), po, shared_b ? 1 : lead, shared_b ? lead * m : m, n, k, trans_b != 0, shared_b,
-          Job::kColumns};
+  Job job{DataPtr<float>(a), DataPtr<float>(b), po, shared_b ? 1 : lead, shared_b ? lead * m : m, n, k,
+          trans_b != 0, shared_b, Job::kColumns};
   if (!shared_b && lead > 1) {
     job.axis = Job::kBatch;
   } else if (job.m > n) {

@@ -27,7 +27,12 @@
 #include <mutex>
 #include <tuple>
 
+#include "dltensor.h"
+
 namespace {
+
+using wide_blas::DataPtr;
+using wide_blas::IsCompact;
 
 #define WIDE_CHECK_LT(expr)                                                                      \
   do {                                                                                           \
@@ -40,18 +45,6 @@ namespace {
 struct Gemm {
   int64_t batch, m, n, k;
 };
-
-bool IsCompact(const DLTensor* t) {
-  if (t->strides == nullptr) return true;
-  int64_t expected = 1;
-  for (int i = t->ndim - 1; i >= 0; --i) {
-    if (t->shape[i] != 1 && t->strides[i] != expected) return false;
-    expected *= t->shape[i];
-  }
-  return true;
-}
-
-void* DataPtr(const DLTensor* t) { return static_cast<char*>(t->data) + t->byte_offset; }
 
 int64_t Alignment(const void* ptr) {
   auto address = reinterpret_cast<uintptr_t>(ptr);

@@ -88,8 +88,9 @@ def extern_for(kind: str) -> BlasExtern:
         raise WideError(f"dense matmuls go to {library.name} on {kind}: {library.missing()}; "
                         "or compile with --no-blas (TVM's own kernels)")
     source = Path(__file__).with_name(source_name)
-    command = _compiler(kind) + _include_flags(library)
-    key = hashlib.sha256(source.read_bytes() + "\0".join(command).encode() + _version(command[0]).encode())
+    command = _compiler(kind) + _include_flags(library) + [f"-I{source.parent}"]  # dltensor.h beside the sources
+    text = source.read_bytes() + source.with_name("dltensor.h").read_bytes()
+    key = hashlib.sha256(text + "\0".join(command).encode() + _version(command[0]).encode())
     obj = _cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.o"
     if not obj.is_file():
         obj.parent.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU host (runtime-only TVM bundle): every check and benchmark of the dense-matmul dispatch, built here by
-#   wide-bench dense-build gpu_run/dense && wide-bench model-build gpu_run/model \
-#     && python tools/build_gpu_check.py gpu_run/check --examples && wide-bench build gpu_run/bench \
-#     && wide-bench build gpu_run/untuned --workloads untuned \
-#     && wide-bench build gpu_run/untuned_defaults --workloads untuned --no-derived
-#   ../shared/gpu/stage runtime
-# then, carrying .gpu and gpu_run:  . .gpu/env.sh && tools/gpu_dense_run.sh gpu_run OUT_DIR [STEP...]
+# tools/build_gpu_run.sh gpu_run; then, carrying .gpu and gpu_run:  . .gpu/env.sh && tools/gpu_dense_run.sh gpu_run OUT_DIR [STEP...]
 # STEP: check (whole compiled models against PyTorch), dense (every dense shape against torch.matmul), model (the
 # 2-layer Llama-shape model against PyTorch), gated (the gated kernels beside cuBLAS and our cuBLASLt dense),
 # untuned (Qwen2.5-7B / Mistral-Nemo FFNs on the nearest tuned shape's knobs, and on the generic defaults); all by

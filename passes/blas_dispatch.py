@@ -128,7 +128,8 @@ class DispatchDenseMatmuls:
                 xv, yv = m[x], m[y]
                 dtype = str(xv.ty.dtype) if isinstance(xv.ty, relax.TensorType) else ""
                 out_dtype = str(expr.attrs.out_dtype or "")
-                if dtype not in DTYPES[self.kind] or str(yv.ty.dtype) != dtype or out_dtype not in ("", "None", "void", dtype):
+                if (dtype not in DTYPES[self.kind] or str(yv.ty.dtype) != dtype
+                        or out_dtype not in ("", "None", "void", dtype)):
                     return expr
                 operands = blas_operands(xv, yv, var2val)
                 if operands is None:

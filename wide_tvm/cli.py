@@ -228,7 +228,9 @@ def bench_main(argv=None) -> int:
 
             from .bench.workloads import WORKLOAD_SETS
 
-            print(f"wrote {build(args.dir, args.target, WORKLOAD_SETS[args.workloads], sweep=args.sweep, records_of=args.records_of, derived=not args.no_derived)}")
+            out = build(args.dir, args.target, WORKLOAD_SETS[args.workloads], sweep=args.sweep,
+                        records_of=args.records_of, derived=not args.no_derived)
+            print(f"wrote {out}")
         elif args.cmd == "dense-build":
             from .bench.dense import build_dense
 
@@ -243,13 +245,9 @@ def bench_main(argv=None) -> int:
             result = run_model(args.dir, args.tokens, json_path=args.json)
             print(f"wrote {args.json}: {len(result['rows'])} measurements")
         elif args.cmd == "dense-run":
-            import json
-
             from .bench.dense_run import run_dense
 
             result = run_dense(args.dir, args.tokens, json_path=args.json)
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
             print(f"wrote {args.json}: {len(result['rows'])} measurements")
         elif args.cmd == "cpu":
             import json

@@ -15,13 +15,10 @@ import os
 from dataclasses import replace
 
 import tvm
-from tvm import relax
 
 from ..cuda_aot import cuda_codegen
 from ..knobs import (DECODE_BUCKETS, DEFAULT_TILES, GemvKnobs, decode_knobs, direct_bound, reorder_free_bound,
                      tile_knob, tile_knobs)
-from ..blas.extern import extern_for
-from ..passes import DispatchDenseMatmuls, LowerGatedLayers, wide_pipeline
 from ..schedules import gated_kernel, mask_reorder
 from ..schedules.code_version import records_of as code_records_of
 from ..schedules.launch_bounds import as_built
@@ -29,6 +26,7 @@ from ..targets import has_wgmma, launches_dependents, parse_target, target_folde
 from ..tuning.database import load as load_knobs
 from ..tuning.folders import shipped_root
 from ..tuning.nearest import knobs_entry
+from .dense import DenseShape, dense_shape_module, export_dense
 from .workloads import LLAMA_8B, SWEEPS, Workload, swept_variants, tile_name, variants
 
 
@@ -98,21 +96,12 @@ def our_kernels(workloads: list[Workload], target_kind: str, sweep: str | None =
 
 
 def dense_module(workloads: list[Workload]) -> tvm.IRModule:
-    """One Relax function per dense shape: x [m, k] @ permute_dims(w [n, k]), m symbolic."""
-    bb = relax.BlockBuilder()
-    done = set()
-    for w in workloads:
-        if w.dense in done:
-            continue
-        done.add(w.dense)
-        m = tvm.tirx.Var("m", "int64")
-        x = relax.Var("x", relax.TensorType([m, w.k], w.dtype))
-        wt = relax.Var("w", relax.TensorType([w.n * w.weights, w.k], w.dtype))
-        with bb.function(w.dense, [x, wt]):
-            with bb.dataflow():
-                y = bb.emit_output(relax.op.matmul(x, relax.op.permute_dims(wt)))
-            bb.emit_func_output(y)
-    return bb.get()
+    """One Relax function per dense shape: x [m, k] @ permute_dims(w [n, k]), m symbolic (bench/dense.py)."""
+    shapes = {w.dense: DenseShape(w.dense, w.n * w.weights, w.k) for w in workloads}
+    dtypes = {w.dtype for w in workloads}
+    if len(dtypes) != 1:
+        raise ValueError(f"the workloads mix dtypes {sorted(dtypes)}; build them one dtype at a time")
+    return dense_shape_module(list(shapes.values()), dtypes.pop())
 
 
 def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None = None, sweep: str | None = None,
@@ -139,16 +128,12 @@ def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None =
         funcs = {name: as_built(f, launches_dependents(tgt)) for name, f in funcs.items()}
         tvm.compile(tvm.IRModule(funcs), tgt).export_library(
             os.path.join(out_dir, "ours.so"))
-        dense = LowerGatedLayers(tgt.kind.name, enabled=False)  # the same pipeline wide-compile runs, no gating
-        tvm.compile(dense_module(workloads), tgt, relax_pipeline=wide_pipeline(tgt, dense)).export_library(
-            os.path.join(out_dir, "tvm_dense.so"))
-        extern = extern_for(tgt.kind.name)
-        blas = DispatchDenseMatmuls(tgt.kind.name, extern)
-        tvm.compile(dense_module(workloads), tgt, relax_pipeline=wide_pipeline(tgt, dense, None, blas)).export_library(
-            os.path.join(out_dir, "blas_dense.so"), options=extern.link_options())
+        # the same pipeline wide-compile runs, no gating: TVM's own kernels, and the vendor BLAS
+        export_dense(dense_module(workloads), tgt, os.path.join(out_dir, "tvm_dense.so"), blas=False)
+        extern, _ = export_dense(dense_module(workloads), tgt, os.path.join(out_dir, "blas_dense.so"), blas=True)
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
-        json.dump({"target": str(tgt), "blas": extern.library.name, "workloads": [w.to_json() for w in workloads], "sweep": sweep, "derived": derived,
-                   "wgmma": has_wgmma(tgt),
+        json.dump({"target": str(tgt), "blas": extern.library.name, "workloads": [w.to_json() for w in workloads],
+                   "sweep": sweep, "derived": derived, "wgmma": has_wgmma(tgt),
                    "layouts": {w.name: w.spec(tgt.kind.name).layout for w in workloads}}
                   | ({"records_of": {"rev": records_of, "code_versions": versions}} if records_of else {}), f, indent=1)
     return out_dir

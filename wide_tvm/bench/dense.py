@@ -98,13 +98,27 @@ def dense_shape_module(shapes, dtype: str):
     return bb.get()
 
 
-def build_dense(out_dir: str, target: str = "cuda", shapes=DENSE_SHAPES) -> str:
-    """DIR/dense_blas.so, DIR/dense_tvm.so and DIR/dense.json for `target` (fp16 on CUDA, fp32 on the CPU)."""
+def export_dense(mod, tgt, path: str, blas: bool):
+    """Compile `mod` through wide-compile's pipeline without gating and write the library to `path` (under `tgt`):
+    with `blas`, its dense matmuls on the target's vendor BLAS (linked), else on TVM's own kernels. Returns (the
+    BlasExtern linked or None, how many matmuls went to it)."""
     import tvm
 
     from ..blas.extern import extern_for
-    from ..cuda_aot import cuda_codegen
     from ..passes import DispatchDenseMatmuls, LowerGatedLayers, wide_pipeline
+
+    kind = tgt.kind.name
+    extern = extern_for(kind) if blas else None
+    dispatch = DispatchDenseMatmuls(kind, extern) if blas else None
+    lower = LowerGatedLayers(kind, enabled=False)
+    ex = tvm.compile(mod, tgt, relax_pipeline=wide_pipeline(tgt, lower, None, dispatch))
+    ex.export_library(path, options=extern.link_options() if extern else [])
+    return extern, len(dispatch.dispatched) if dispatch else 0
+
+
+def build_dense(out_dir: str, target: str = "cuda", shapes=DENSE_SHAPES) -> str:
+    """DIR/dense_blas.so, DIR/dense_tvm.so and DIR/dense.json for `target` (fp16 on CUDA, fp32 on the CPU)."""
+    from ..cuda_aot import cuda_codegen
     from ..targets import parse_target
 
     tgt = parse_target(target)
@@ -112,15 +126,13 @@ def build_dense(out_dir: str, target: str = "cuda", shapes=DENSE_SHAPES) -> str:
     if kind == "cuda":
         cuda_codegen()
     dtype = "float16" if kind == "cuda" else "float32"
-    extern = extern_for(kind)
     os.makedirs(out_dir, exist_ok=True)
     with tgt:
-        for name, blas in (("dense_blas.so", DispatchDenseMatmuls(kind, extern)), ("dense_tvm.so", None)):
-            lower = LowerGatedLayers(kind, enabled=False)
-            ex = tvm.compile(dense_shape_module(shapes, dtype), tgt, relax_pipeline=wide_pipeline(tgt, lower, None, blas))
-            if blas is not None and len(blas.dispatched) != len(shapes):
-                raise RuntimeError(f"only {len(blas.dispatched)} of {len(shapes)} dense shapes were dispatched")
-            ex.export_library(os.path.join(out_dir, name), options=extern.link_options() if blas else [])
+        extern, dispatched = export_dense(dense_shape_module(shapes, dtype), tgt,
+                                          os.path.join(out_dir, "dense_blas.so"), blas=True)
+        if dispatched != len(shapes):
+            raise RuntimeError(f"only {dispatched} of {len(shapes)} dense shapes were dispatched")
+        export_dense(dense_shape_module(shapes, dtype), tgt, os.path.join(out_dir, "dense_tvm.so"), blas=False)
     with open(os.path.join(out_dir, "dense.json"), "w") as f:
         json.dump({"target": str(tgt), "device": "cuda" if kind == "cuda" else "cpu", "dtype": dtype,
                    "blas": extern.library.name, "shapes": [asdict(s) for s in shapes]}, f, indent=1)

@@ -13,9 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
-
-import numpy as np
 
 from .dense import CPU_TOKENS, TOKENS, DenseShape
 
@@ -47,16 +44,6 @@ def _rel_err(out, ref) -> float:
     return float((out.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
-def _cpu_median_us(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e6)
-    return float(np.median(times))
-
-
 def run_dense(build_dir: str, tokens=None, json_path: str | None = None, progress=print) -> dict:
     from ..cpu_threads import use_physical_cores
 
@@ -85,7 +72,7 @@ def run_dense(build_dir: str, tokens=None, json_path: str | None = None, progres
     else:
         dev = tvm.cpu(0)
         how = "wall clock median"
-        from .cpu import cpu_limits
+        from .cpu import cpu_limits, time_call
 
         limits = cpu_limits()
         l2 = 0
@@ -128,8 +115,8 @@ def run_dense(build_dir: str, tokens=None, json_path: str | None = None, progres
                 t_torch, t_blas, t_tvm = timer(step(theirs), step(ours), step(tvm_fn))
             else:
                 reps = 20 if flops < 1e9 else 5
-                t_torch, t_blas = _cpu_median_us(theirs, reps), _cpu_median_us(ours, reps)
-                t_tvm = (_cpu_median_us(lambda: vms["tvm"][shape.name](xt, bts[0]), 3)
+                t_torch, t_blas = time_call(theirs, [[]], reps), time_call(ours, [[]], reps)
+                t_tvm = (time_call(lambda: vms["tvm"][shape.name](xt, bts[0]), [[]], 3)
                          if flops <= TVM_CPU_FLOP_LIMIT else None)
             limit = max(shape.bytes(t, itemsize) / (limits["bandwidth_gbs"] * 1e3),
                         flops / (limits["tensor_tflops"] * 1e6))

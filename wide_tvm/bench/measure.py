@@ -255,7 +255,8 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
                            "rel_err": err}
                     rows.append(row)
                     progress(f"{w.name:14s} M={m:5d} s={sp:.2f} {mk:7s} cuBLAS {t_cublas:9.1f} us  TVM dense "
-                             f"{t_tvm:9.1f} us  our cuBLASLt {t_blas:9.1f} us  ours {t_ours:9.1f} us (reorder {t_reorder:6.1f})  "
+                             f"{t_tvm:9.1f} us  our cuBLASLt {t_blas:9.1f} us  ours {t_ours:9.1f} us "
+                             f"(reorder {t_reorder:6.1f})  "
                              f"x{t_cublas / t_ours:5.2f}  limit {times(row['limit_speedup_vs_cublas'])}  err {err:.1e}  "
                              f"used groups {min(used)}-{max(used)} of {w.groups}")
         if json_path:

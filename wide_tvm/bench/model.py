@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
-
-import numpy as np
 
 from ..model.config import WideConfig
 
@@ -112,18 +109,10 @@ def run_model(build_dir: str, tokens=None, json_path: str | None = None, progres
     else:
         dev, tdev, dtype = tvm.cpu(0), torch.device("cpu"), torch.float32
         how, device_name = "wall clock median", "cpu"
+        from .cpu import time_call
 
         def timer(*fns):
-            out = []
-            for fn in fns:
-                fn()
-                samples = []
-                for _ in range(10):
-                    start = time.perf_counter()
-                    fn()
-                    samples.append((time.perf_counter() - start) * 1e6)
-                out.append(float(np.median(samples)))
-            return out
+            return [time_call(fn, [[]], 10) for fn in fns]
     tv = tvm.runtime.from_dlpack
     ours = {}
     for variant, lib in spec["libraries"].items():

@@ -9,6 +9,7 @@ on a machine without a GPU: it is host code only and needs the CUDA headers and 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -74,6 +75,7 @@ def _include_flags(library: BlasLibrary) -> list[str]:
     return [f"-I{d}" for d in dict.fromkeys(dirs)]
 
 
+@functools.lru_cache(maxsize=None)
 def _version(compiler: str) -> str:
     out = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False)
     return out.stdout

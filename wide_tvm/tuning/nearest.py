@@ -9,7 +9,7 @@ both within 4x, roughly), and of its knobs those that fit the new shape. Example
 `gemm_mn_swiglu/g148x128/d3584/float16` takes `gemm_mn_swiglu/g112x128/d4096/float16`'s knobs, and
 `gemm_k/g112x128/d5120/float16` (Mistral-Nemo's down) takes `gemm_k/g112x128/d4096/float16`'s.
 
-Pure Python: used by the lowering (passes/lower_gated.py) and the benchmark build alike.
+Used by the lowering (passes/lower_gated.py) and the benchmark build alike.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import math
 import re
 
 from ..kernel_spec import KernelSpec
-from ..knobs import TileConfig, decode_knobs, tile_knobs
+from ..knobs import decode_knobs, tile_knobs
 
 MAX_DISTANCE = 2 * math.log(4)  # a tuned shape further than this (tiny test models from 8B shapes) lends nothing
 
@@ -53,6 +53,14 @@ def nearest(entries: dict, key: str) -> str | None:
     return best[1] if best and best[0] <= MAX_DISTANCE else None
 
 
+def _cpu_tiles(entry) -> tuple:
+    """A "cpu" entry's tiles as a tuple, as the lowering reads them (schedules/tiles.py: tiles_from_log)."""
+    from ..schedules.tiles import tiles_from_log
+
+    tiles = tiles_from_log(entry)
+    return tiles if isinstance(tiles, tuple) else (tiles,)
+
+
 def _fits(knobs, spec: KernelSpec) -> bool:
     try:
         for knob in knobs:
@@ -76,8 +84,7 @@ def knobs_entry(entries: dict, spec: KernelSpec, wgmma: bool) -> tuple[dict, str
     entry = entries[source]
     checks = {"decode": lambda e: decode_knobs(e),
               "tiles": lambda e: tile_knobs(e, wgmma, spec.kind),
-              "cpu": lambda e: (TileConfig(**e),) if isinstance(e, dict) else
-              tuple(None if t is None else TileConfig(**t) for t in e)}
+              "cpu": _cpu_tiles}
     fitting = {}
     for family, read in checks.items():
         if family in entry:

@@ -21,7 +21,8 @@ allocates nothing itself and can be captured in a CUDA graph:
     y = lv[0]
 
 The pass records each dispatched matmul (`self.dispatched`: `DispatchedMatmul`) and attaches the built extern to the
-module's `external_mods`, which `tvm.compile` links into the library.
+module's `external_mods`, which `tvm.compile` links into the library (also where only the gated kernels' dense
+fallbacks call it: schedules/dense_fallback.py).
 """
 
 from __future__ import annotations
@@ -33,11 +34,10 @@ from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 from tvm.sym.analyzer import Analyzer
 
+from ..blas import DTYPES, FUNCTIONS, WORKSPACE_BYTES
+from ..schedules.dense_fallback import BLAS_HELPER
 from .mask_analysis import resolve
 
-WORKSPACE_BYTES = 32 << 20  # cuBLASLt's recommended workspace on Hopper
-DTYPES = {"cuda": ("float16", "bfloat16", "float32"), "llvm": ("float32",)}
-FUNCTIONS = {"cuda": "wide_cublaslt_matmul", "llvm": "wide_cblas_matmul"}
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,9 @@ class DispatchDenseMatmuls:
                 return self._call(xv, b, trans, expr.ty)
 
             rewritten[gv] = rewrite_call(pattern, callback, func)
-        if self.extern is None or not self.dispatched:
+        # (the gated kernels' dense fallbacks call the extern too, through the module's BLAS helper)
+        helper = any(gv.name_hint == BLAS_HELPER for gv in mod.functions)
+        if self.extern is None or not (self.dispatched or helper):
             return mod
         builder = relax.BlockBuilder(mod)
         for gv, func in rewritten.items():

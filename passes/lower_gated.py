@@ -18,7 +18,10 @@ from tvm.relax.dpl import is_op, rewrite_call, wildcard
 from ..knobs import UNREAD
 from ..errors import WideError
 from ..kernel_spec import KernelSpec, kernel_layout
+from ..blas import DTYPES as BLAS_DTYPES
+from ..fallback import decide as decide_fallback
 from ..schedules import gemm_k, gemm_mn, gemm_mn_reorder_bound, mask_reorder
+from ..schedules.dense_fallback import BLAS_HELPER, blas_helper, with_dense_fallback
 from ..knobs import decode_knobs
 from ..knobs import DEFAULT_TILES, tile_knobs
 from ..weight_layout import TC_CHUNK, TC_ROWS, stored_shape
@@ -58,6 +61,11 @@ class GatedPlan:
     repacked: dict[str, tuple[str, str]] = field(default_factory=dict)
     unlowered: list[UnloweredGate] = field(default_factory=list)  # routers whose gates stay dense, and why
     derived: dict[str, str] = field(default_factory=dict)  # untuned kernel key -> the tuned key whose knobs it took
+    # kernel symbol -> (token ranges on the dense fallback, where they come from: wide_tvm/fallback.py)
+    fallbacks: dict[str, tuple] = field(default_factory=dict)
+    # repacked copy's parameter name -> (the parameter it copies, its layout, the copy's): the original stays a
+    # parameter where a dense fallback reads it, and the compiler adds the copy right after it
+    copies: dict[str, tuple[str, str, str]] = field(default_factory=dict)
 
     @property
     def kernels(self) -> list[KernelSpec]:
@@ -74,6 +82,7 @@ class _QueryPlan:
     info: MaskInfo
     weight: relax.Var  # as the kernel reads it (repacked where that pays)
     layout: str
+    stored: tuple  # (weight, layout) as the model stores it (what a dense fallback reads)
     hidden: int
     layer: GatedLayer  # the attention's summary entry, which gains the query kernels
 
@@ -96,6 +105,11 @@ class _State:
     used: set = field(default_factory=set)  # the variables every lowered layer's gate is derived from
     mismatches: dict = field(default_factory=dict)  # gated multiply's variable -> why its gate was not lowered
     derived: dict = field(default_factory=dict)  # untuned kernel key -> tuned key whose knobs it took (nearest.py)
+    fallback: str = "off"  # dense fallback mode (wide_tvm/fallback.py: MODES)
+    crossovers: dict = field(default_factory=dict)  # kernel key -> measured crossover entry (fallback.py)
+    fallbacks: dict = field(default_factory=dict)  # kernel symbol -> (ranges, source)
+    keep: set = field(default_factory=set)  # repacked parameters a dense fallback still reads as stored
+    helper: dict = field(default_factory=dict)  # "dtype": the one dtype the module's BLAS helper is built for
 
     def analyse(self, gated, mask, channels: int | None) -> MaskInfo | None:
         """mask_analysis.analyse_mask of the multiply `gated` (mask times the other factor), recording a mismatch
@@ -280,29 +294,68 @@ def _kernel_layout(state: _State, weights: list, layout: str, kind: str, group_s
 
 
 def _gemm_k_plan(state: _State, weight_expr, info: MaskInfo, dtype: str):
-    """(weight, layout, N) gemm_k will read (repacked where that pays), or None if W does not fit."""
-    weight, layout = _weight(weight_expr, state.var2val)
-    dims = _weight_dims(weight, layout)
+    """(weight, layout, N, (weight, layout) as stored) gemm_k will read (repacked where that pays), or None if W
+    does not fit."""
+    stored, stored_layout = _weight(weight_expr, state.var2val)
+    dims = _weight_dims(stored, stored_layout)
     if dims is None:
         return None
     n_dim, k_dim = dims
-    if k_dim != info.groups * info.group_size or str(weight.ty.dtype) != dtype:
+    if k_dim != info.groups * info.group_size or str(stored.ty.dtype) != dtype:
         return None
-    (weight,), layout = _kernel_layout(state, [weight], layout, "gemm_k", info.group_size, n_dim, dtype)
-    return weight, layout, n_dim
+    (weight,), layout = _kernel_layout(state, [stored], stored_layout, "gemm_k", info.group_size, n_dim, dtype)
+    return weight, layout, n_dim, (stored, stored_layout)
 
 
-def _gemm_k_call(state: _State, a2, tokens, dtype: str, plan, info: MaskInfo, reorder, out_expr):
-    """(a2 [tokens, K] * mask) @ W through gemm_k, reshaped like `out_expr`, and (kernel name, weight)."""
-    weight, layout, n_dim = plan
+def _fallback_ranges(state: _State, spec: KernelSpec, dense: list) -> tuple:
+    """Token ranges on which the kernel `spec` runs its dense fallback (wide_tvm/fallback.py), () for none: the mode
+    is off, the target's BLAS does not take the dtype, a weight is not a 2-D [N, K] / [K, N] array, or the module's
+    BLAS helper is already built for another dtype."""
+    if state.fallback == "off" or spec.dtype not in BLAS_DTYPES.get(state.target_kind, ()):
+        return ()
+    if any(layout not in ("nk", "kn") for _, layout in dense):
+        return ()
+    if state.helper.setdefault("dtype", spec.dtype) != spec.dtype:
+        return ()
+    ranges, source = decide_fallback(spec.key, spec.kind, state.target_kind, state.fallback, state.crossovers)
+    if ranges:
+        state.fallbacks[spec.symbol] = (ranges, source)
+    return ranges
+
+
+def _gated_call(state: _State, spec: KernelSpec, build, args: list, dense: list, out_ty, masked_input: bool = False,
+                masked_output: bool = True):
+    """(call_tir of the gated kernel `spec`, built by `build`, on `args`; the symbol it calls): through the kernel's
+    dense fallback (schedules/dense_fallback.py) where one is decided, which also reads `dense`, the weights as the
+    model stores them ([(var, "nk" / "kn")]; repacked parameters among them stay parameters too)."""
+    gv = state.kernel(spec.symbol, build)
+    ranges = _fallback_ranges(state, spec, dense)
+    if not ranges:
+        return relax.call_tir(gv, args, out_ty=out_ty), spec.symbol
+    state.kernel(BLAS_HELPER, lambda: blas_helper(spec.dtype, state.target_kind))
+    name = f"{spec.symbol}_dense{'_in' if masked_input else ''}{'' if masked_output else '_unmasked'}"
+    shape = stored_shape(spec.layout, spec.n, spec.k)
+    wrapper = state.kernel(name, lambda: with_dense_fallback(
+        spec.symbol, spec.kind, spec.groups, spec.group_size, spec.dim, spec.dtype, shape, dense[0][1],
+        state.target_kind, ranges, masked_input, masked_output))
+    for var, _ in dense:
+        if var in state.repacked:
+            state.keep.add(var)
+    return relax.call_tir(wrapper, [*args, *(var for var, _ in dense)], out_ty=out_ty), name
+
+
+def _gemm_k_call(state: _State, a2, tokens, dtype: str, plan, info: MaskInfo, reorder, out_expr,
+                 masked_input: bool = False):
+    """(a2 [tokens, K] * mask) @ W through gemm_k, reshaped like `out_expr`, and (kernel name, weight, spec).
+    `masked_input`: a2 is already zero where a token skips a group (a gemm_mn of the same mask wrote it)."""
+    weight, layout, n_dim, stored = plan
     spec = KernelSpec("gemm_k", info.groups, info.group_size, n_dim, dtype, layout)
-    name = spec.symbol
     extra = _tuned(state, "gemm_k", info.groups, info.group_size, n_dim, dtype)
-    gv = state.kernel(name, lambda: gemm_k(info.groups, info.group_size, n_dim, dtype, layout, state.target_kind,
-                                           **extra))
     reordered = [relax.TupleGetItem(reorder, i) for i in range(3)]  # counts, order, used
-    y = relax.call_tir(gv, [a2, weight, _flat_mask(info, tokens), *reordered],
-                       out_ty=relax.TensorType([tokens, n_dim], dtype))
+    y, name = _gated_call(state, spec, lambda: gemm_k(info.groups, info.group_size, n_dim, dtype, layout,
+                                                      state.target_kind, **extra),
+                          [a2, weight, _flat_mask(info, tokens), *reordered], [stored],
+                          relax.TensorType([tokens, n_dim], dtype), masked_input=masked_input)
     return relax.op.reshape(y, out_expr.ty.shape), (name, weight, spec)
 
 
@@ -331,17 +384,18 @@ def _rewrite_ffn(state: _State, pat):
         down_plan = _gemm_k_plan(state, m[pat.proj.weight], info, dtype)
         if down_plan is None:
             return expr
+        stored = [(wg, lg), (wu, lg)]
         (wg, wu), lg = _kernel_layout(state, [wg, wu], lg, "gemm_mn_swiglu", gs, hidden, dtype)
         mn_spec = KernelSpec("gemm_mn_swiglu", G, gs, hidden, dtype, lg)
-        mn_name = mn_spec.symbol
         extra = _tuned(state, "gemm_mn_swiglu", G, gs, hidden, dtype)
         reorder_name, reorder = _reorder_call(state, info, tokens, _reorder_bound(state, lg, extra))
-        gv_mn = state.kernel(mn_name, lambda: gemm_mn(G, gs, hidden, dtype, lg, True, state.target_kind, **extra))
         x2 = relax.op.reshape(xg, relax.ShapeExpr([tokens, hidden]))
-        h = relax.call_tir(gv_mn, [x2, wg, wu, _flat_mask(info, tokens), relax.TupleGetItem(reorder, 0),
-                                   relax.TupleGetItem(reorder, 1), relax.TupleGetItem(reorder, 2)],
-                           out_ty=relax.TensorType([tokens, G * gs], dtype))
-        out, down = _gemm_k_call(state, h, tokens, dtype, down_plan, info, reorder, expr)
+        h, mn_name = _gated_call(state, mn_spec, lambda: gemm_mn(G, gs, hidden, dtype, lg, True, state.target_kind,
+                                                                  **extra),
+                                 [x2, wg, wu, _flat_mask(info, tokens), *[relax.TupleGetItem(reorder, i)
+                                                                          for i in range(3)]],
+                                 stored, relax.TensorType([tokens, G * gs], dtype))
+        out, down = _gemm_k_call(state, h, tokens, dtype, down_plan, info, reorder, expr, masked_input=True)
         state.layers.append(GatedLayer("ffn", G, gs, [reorder_name, mn_name, down[0]],
                                        [_name(wg), _name(wu), _name(down[1])], [mn_spec, down[2]]))
         state.used |= derivation_vars(info.var if info.var is not None else info.root, state.var2val)
@@ -402,8 +456,9 @@ def _query_plan(state: _State, operand, info: MaskInfo, dtype: str, layer: Gated
     hidden = tc[1]
     if _weight_dims(weight, layout) != (info.groups * info.group_size, hidden):
         return None
+    stored = (weight, layout)
     (weight,), layout = _kernel_layout(state, [weight], layout, "gemm_mn", info.group_size, hidden, dtype)
-    return _QueryPlan(call, info, weight, layout, hidden, layer)
+    return _QueryPlan(call, info, weight, layout, stored, hidden, layer)
 
 
 def _rewrite_query(state: _State):
@@ -420,13 +475,15 @@ def _rewrite_query(state: _State):
         tokens, _ = _tokens_and_channels(x)
         dtype = str(x.ty.dtype)
         spec = KernelSpec("gemm_mn", G, gs, K, dtype, plan.layout)
-        name = spec.symbol
         extra = _tuned(state, "gemm_mn", G, gs, K, dtype)
         reorder_name, reorder = _reorder_call(state, info, tokens, _reorder_bound(state, plan.layout, extra))
-        gv = state.kernel(name, lambda: gemm_mn(G, gs, K, dtype, plan.layout, False, state.target_kind, **extra))
-        q = relax.call_tir(gv, [relax.op.reshape(x, relax.ShapeExpr([tokens, K])), plan.weight, plan.weight,
-                                _flat_mask(info, tokens), *[relax.TupleGetItem(reorder, i) for i in range(3)]],
-                           out_ty=relax.TensorType([tokens, G * gs], dtype))
+        # (the fallback leaves skipped head groups unmasked: the attention's output gating discards them)
+        q, name = _gated_call(state, spec, lambda: gemm_mn(G, gs, K, dtype, plan.layout, False, state.target_kind,
+                                                           **extra),
+                              [relax.op.reshape(x, relax.ShapeExpr([tokens, K])), plan.weight, plan.weight,
+                               _flat_mask(info, tokens), *[relax.TupleGetItem(reorder, i) for i in range(3)]],
+                              [plan.stored, plan.stored], relax.TensorType([tokens, G * gs], dtype),
+                              masked_output=False)
         plan.layer.kernels += [reorder_name, name]
         plan.layer.specs.append(spec)
         plan.layer.weights.append(_name(plan.weight))
@@ -447,12 +504,16 @@ def _original_from(new: relax.Var, src: str, have: str, n: int, k: int) -> relax
     return nk if src == "nk" else relax.op.permute_dims(nk)
 
 
-def _replace_params(func: relax.Function, repacked: dict) -> relax.Function:
-    """`func` with each repacked parameter swapped for its replacement; any other use of the old parameter
-    reads it back through the inverse layout change."""
-    params = [repacked[p][0] if p in repacked else p for p in func.params]
+def _replace_params(func: relax.Function, repacked: dict, keep: set) -> relax.Function:
+    """`func` with each repacked parameter swapped for its replacement, or followed by it where a dense fallback
+    still reads it as stored (`keep`); any other use of a swapped parameter reads it back through the inverse
+    layout change."""
+    params = []
+    for p in func.params:
+        params += [p, repacked[p][0]] if p in keep else [repacked[p][0]] if p in repacked else [p]
     body = func.body
-    still_used = [p for p in repacked if any(p.same_as(v) for v in relax.analysis.free_vars(body))]
+    still_used = [p for p in repacked
+                  if p not in keep and any(p.same_as(v) for v in relax.analysis.free_vars(body))]
     if still_used:
         bindings = []
         for p in still_used:
@@ -472,8 +533,10 @@ class LowerGatedLayers:
     `plan.unlowered` (gate_report.py)."""
 
     def __init__(self, target_kind: str, enabled: bool = True, knobs: dict | None = None, wgmma: bool = False,
-                 dependent: bool = False, build: bool = True):
+                 dependent: bool = False, build: bool = True, fallback: str = "off", crossovers: dict | None = None):
         self.target_kind = target_kind
+        self.fallback = fallback  # dense fallback mode (wide_tvm/fallback.py); needs the BLAS extern linked
+        self.crossovers = crossovers or {}
         self.wgmma = wgmma
         self.dependent = dependent
         self.enabled = enabled
@@ -486,12 +549,13 @@ class LowerGatedLayers:
             return mod
         builder = relax.BlockBuilder(mod)
         kernels: dict = {}
+        helper: dict = {}
         for gv, func in list(mod.functions.items()):
             if not isinstance(func, relax.Function):
                 continue
             state = _State(self.target_kind, relax.analysis.get_var2val(func), builder, self.knobs,
                            tuple(func.params), kernels=kernels, wgmma=self.wgmma, dependent=self.dependent,
-                           build=self.build)
+                           build=self.build, fallback=self.fallback, crossovers=self.crossovers, helper=helper)
             ffn = gated_swiglu_ffn()
             func = rewrite_call(ffn.root, _rewrite_ffn(state, ffn), func)
             state.var2val = relax.analysis.get_var2val(func)
@@ -503,8 +567,12 @@ class LowerGatedLayers:
             self.plan.unlowered.extend(unlowered_gates(func, relax.analysis.get_var2val(func), state.used,
                                                        state.mismatches))
             if state.repacked:
-                func = _replace_params(func, state.repacked)
-                self.plan.repacked.update({p.name: (src, have) for p, (_, src, have) in state.repacked.items()})
+                func = _replace_params(func, state.repacked, state.keep)
+                self.plan.repacked.update({p.name: (src, have) for p, (_, src, have) in state.repacked.items()
+                                           if p not in state.keep})
+                self.plan.copies.update({f"{p.name}.{have}": (p.name, src, have)
+                                         for p, (_, src, have) in state.repacked.items() if p in state.keep})
+            self.plan.fallbacks.update(state.fallbacks)
             builder.update_func(gv, func)
             self.plan.layers.extend(state.layers)
             self.plan.derived.update(state.derived)

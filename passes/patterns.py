@@ -17,6 +17,11 @@ def _opt_reshape(p: DFPattern) -> DFPattern:
     return p | once | is_op("relax.reshape")(once, wildcard())
 
 
+def _opt_cast(p: DFPattern) -> DFPattern:
+    """p, or p cast (torch.export writes an fp16 / bf16 silu as fp32 math between two astype)."""
+    return p | is_op("relax.astype")(p)
+
+
 def _mul(a: DFPattern, b: DFPattern) -> DFPattern:
     return is_op("relax.multiply")(a, b) | is_op("relax.multiply")(b, a)
 
@@ -46,7 +51,8 @@ def gated_projection() -> GatedProjection:
 
 @dataclass
 class GatedSwiGLU:
-    """`down(mask_e * silu(x @ w_gate) * (x @ w_up))`, silu written as nn.silu or x * sigmoid(x)."""
+    """`down(mask_e * silu(x @ w_gate) * (x @ w_up))`, silu written as nn.silu or x * sigmoid(x), also in fp32
+    between casts (torch.export's fp16 / bf16 silu: astype(g * sigmoid(g), f16) with g = astype(gate, f32))."""
 
     root: DFPattern
     x_gate: DFPattern
@@ -61,7 +67,8 @@ def gated_swiglu_ffn() -> GatedSwiGLU:
     x_gate, x_up, w_gate, w_up = wildcard(), wildcard(), wildcard(), wildcard()
     gate = _linear(x_gate, w_gate)
     up = _linear(x_up, w_up)
-    silu = is_op("relax.nn.silu")(gate) | _mul(gate, is_op("relax.sigmoid")(gate))
+    g = _opt_cast(gate)
+    silu = _opt_cast(is_op("relax.nn.silu")(g) | _mul(g, is_op("relax.sigmoid")(g)))
     act = _mul(silu, up)
     mask, w_down = wildcard(), wildcard()
     gated = _mul(_opt_reshape(act), mask)

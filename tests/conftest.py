@@ -29,6 +29,21 @@ def build_cpu(func):
     return tvm.compile(func.with_attr("global_symbol", "main"), target=parse_target("llvm"))["main"]
 
 
+def assert_matches_model(runner, model, cfg, tokens=(1, 7, 33), tol: float = 1e-5) -> None:
+    """A loaded library equals the PyTorch model (float32) at each token count, relative to the logits' largest
+    magnitude, and gives the same bits on a second call."""
+    import numpy as np
+    import torch
+
+    for t in tokens:
+        x = example_inputs(cfg, t, seed=t)
+        with torch.no_grad():
+            ref = model(x).numpy()
+        out = runner(x.numpy())
+        assert np.abs(out - ref).max() / np.abs(ref).max() < tol, t
+        assert np.array_equal(out, runner(x.numpy())), t
+
+
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory):
     """Callable (cfg_name, fmt) -> (path, model, cfg), exported once per session."""

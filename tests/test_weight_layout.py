@@ -92,7 +92,7 @@ def test_fp16_model_stores_tensor_core_tiles_for_cuda(tmp_path):
     model = build_example(cfg).half()
     path = str(tmp_path / "m16.onnx")
     export_model(model, example_inputs(cfg), path)
-    compiled = wide_tvm.compile(path, "cuda")
+    compiled = wide_tvm.compile(path, "cuda", fallback="off")  # (with the dense fallback: both forms, tests/test_fallback.py)
     stored = dict(zip(compiled.model.weight_names, compiled.model.weights))
     ffn = [layer for layer in compiled.layers if layer.kind == "ffn"]
     # gate/up and down read tiles, and their reorder runs nothing up to 32 tokens (gate/up's direct kernels read

@@ -241,7 +241,8 @@ def main(out_dir: str, only: str | None = None, examples: bool = False) -> None:
 
 
 def build_examples(out_dir: str) -> None:
-    """The example models (fp32, dense, fp16, fp16 on wgmma) and the tiny Llama checkpoint, compiled."""
+    """The example models (fp32, dense, fp16, fp16 on wgmma, fp16 on the dense fallback) and the tiny Llama
+    checkpoint, compiled."""
     model_path = os.path.join(out_dir, "example.pt2")
     cfg = WideConfig()
     with open(os.path.join(out_dir, "example_config.json"), "w") as f:
@@ -252,6 +253,8 @@ def build_examples(out_dir: str) -> None:
     fp16_path = os.path.join(out_dir, "example_fp16.onnx")  # fp16: tensor-core kernels inside a whole model
     export_model(build_example(cfg).half(), example_inputs(cfg), fp16_path)
     wide_compile(fp16_path, "cuda").export(os.path.join(out_dir, "example_fp16.so"))
+    # every gated kernel on its dense fallback (cuBLASLt + the mask / SwiGLU epilogue) at every token count
+    wide_compile(fp16_path, "cuda", fallback="always").export(os.path.join(out_dir, "example_fp16_fallback.so"))
     build_wgmma_example(out_dir, cfg, fp16_path)
     ckpt_dir = write_tiny_checkpoint(os.path.join(out_dir, "hf_llama"), "llama")
     ckpt = load_wide_checkpoint(ckpt_dir, os.path.join(ckpt_dir, "router.pth"), os.path.join(ckpt_dir, "lora.pth"),

@@ -163,6 +163,8 @@ def main() -> None:
         check_example(args.build_dir, rows, "hf_llama")
         check_example(args.build_dir, rows, "example_fp16")
         check_example(args.build_dir, rows, "example_fp16_wgmma")  # its gate/up on the wgmma GEMM past 32 tokens
+        if os.path.exists(os.path.join(args.build_dir, "example_fp16_fallback.so")):
+            check_example(args.build_dir, rows, "example_fp16_fallback")  # every gated kernel on cuBLASLt
     if os.path.exists(os.path.join(args.build_dir, "kernels.so")):  # not in a `build_gpu_check.py --examples` build
         check_kernels(args.build_dir, rows, tuple(args.counts) if args.counts else None)
     worst: dict = {}

@@ -93,6 +93,10 @@ def compile_main(argv=None) -> int:
     p.add_argument("--no-blas", action="store_true",
                    help="leave the dense matmuls to TVM's own kernels instead of the vendor BLAS (cuBLASLt from the "
                         "nvidia-cublas wheel on CUDA, OpenBLAS from scipy-openblas32 on the CPU)")
+    p.add_argument("--fallback", choices=("auto", "off", "always"), default="auto",
+                   help="where the vendor BLAS on the masked operand beats a gated kernel, run it instead: auto (the "
+                        "tuning folders' measured crossovers, else a cost model; keeps a second copy of repacked "
+                        "weights), off, always (every token count; for checks)")
     args = p.parse_args(argv)
     try:
         from . import compile as wide_compile
@@ -107,7 +111,7 @@ def compile_main(argv=None) -> int:
             warnings.simplefilter("always")
             compiled = wide_compile(args.model, args.target, args.tuning_log,
                                     dependent_launch=not args.no_dependent_launch, strict=args.strict,
-                                    blas=not args.no_blas)
+                                    blas=not args.no_blas, fallback=args.fallback)
         shown = set()
         for w in caught:  # the warnings a user acts on, once each (TVM's and torch's own stay silent)
             if w.category.__name__ in ("NoGatedLayersWarning", "UnloweredGateWarning", "TornRecordWarning",
@@ -302,7 +306,11 @@ def bench_main(argv=None) -> int:
                 if args.plot:
                     print(f"wrote {report.cpu_plot(result, args.plot)}")
                 return 0
-            print(report.markdown(result, args.sparsity, args.mask))
+            from .fallback import load_crossovers
+            from .tuning.folders import shipped_root
+
+            crossovers = load_crossovers([str(shipped_root() / "cuda-sm90")])  # (the picked path's decision)
+            print(report.markdown(result, args.sparsity, args.mask, crossovers))
             if args.plot:
                 print(f"wrote {report.plot(result, args.plot, args.mask)}")
     except WideError as err:
@@ -328,6 +336,9 @@ def tune_main(argv=None) -> int:
     p.add_argument("--from-sweep", nargs="+", metavar="SWEEP_JSON",
                    help="import GPU timings from `wide-bench run --sweep` (cuda targets); later files win")
     p.add_argument("--llama8b", action="store_true", help="tune the benchmark's Llama-3.1-8B kernels instead of a model's")
+    p.add_argument("--crossover", nargs="+", metavar="RUN_JSON",
+                   help="import where each kernel's dense fallback is faster, from `wide-bench run` timings of both "
+                   "paths at 50%% random masks (cuda targets), into the folder's crossover.json")
     args = p.parse_args(argv)
     try:
         prepare_builds()
@@ -346,6 +357,15 @@ def tune_main(argv=None) -> int:
 
             kept, dropped = prune(out)
             print(f"{out}: dropped {dropped} records of older kernel code, kept {kept}")
+            return 0
+        if args.crossover:
+            from .tuning.crossover import import_runs
+
+            try:
+                path, count = import_runs(out, args.crossover)
+            except (OSError, ValueError) as err:
+                raise WideError(str(err)) from None
+            print(f"wrote {path}: the measured crossovers of {count} kernels")
             return 0
         if args.from_sweep and args.trials is not None:
             raise WideError("--trials sets MetaSchedule's search; --from-sweep imports measurements instead")

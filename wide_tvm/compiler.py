@@ -11,6 +11,7 @@ from .artifact import FORMAT, atomic_outputs, check_output, file_sha256, save_we
 from .cpu_threads import use_physical_cores
 from .cuda_aot import cuda_codegen, nvcc_path, prepare_cuda_aot
 from .errors import WideError
+from .fallback import MODES as FALLBACK_MODES, describe, load_crossovers
 
 
 
@@ -36,6 +37,7 @@ class Compiled:
     blas: object = None  # blas.extern.BlasExtern the library links, or None
     blas_matmuls: list = field(default_factory=list)  # passes.DispatchedMatmul of each matmul sent to it
     derived: dict = field(default_factory=dict)  # untuned kernel key -> the tuned key whose knobs it took
+    fallbacks: dict = field(default_factory=dict)  # kernel symbol -> (token ranges on the dense fallback, source)
 
     @property
     def device_kind(self) -> str:
@@ -48,7 +50,9 @@ class Compiled:
                 "layers": [layer.to_json() for layer in self.layers],
                 "unlowered_gates": [gate.to_json() for gate in self.unlowered], "source": str(self.model.source),
                 "blas": [self.blas.library.name] if self.blas else [],
-                "blas_matmuls": [m.to_json() for m in self.blas_matmuls], "derived_knobs": self.derived}
+                "blas_matmuls": [m.to_json() for m in self.blas_matmuls], "derived_knobs": self.derived,
+                "dense_fallback": {name: {"tokens": [list(r) for r in ranges], "source": source}
+                                   for name, (ranges, source) in self.fallbacks.items()}}
 
     def export(self, path: str) -> str:
         """Write PATH (TVM library) and its weights file atomically; returns PATH."""
@@ -85,6 +89,10 @@ class Compiled:
             lines.append(f"tuning log applied: {self.tuning_log} ({tuned} kernel knob entries)")
         for key, source in self.derived.items():
             lines.append(f"  {key}: not tuned; the knobs of the nearest tuned shape, {source}")
+        if self.fallbacks:
+            lines.append(f"dense fallback (the BLAS instead of the gated kernel) in {len(self.fallbacks)} kernels:")
+            lines += [f"  {name}: at {describe(ranges)} tokens ({source})"
+                      for name, (ranges, source) in self.fallbacks.items()]
         return "\n".join(lines)
 
 
@@ -118,6 +126,21 @@ def _repacked(w, src: str, layout: str):
     return np.ascontiguousarray(weight_layout.pack(w if src == "nk" else w.T, layout))
 
 
+def _repack_weights(imported, plan) -> None:
+    """The stored arrays as the lowered module's parameters take them (passes/lower_gated.py: GatedPlan): repacked
+    once, here, and where a dense fallback still reads the stored array, the repacked copy right after it."""
+    arrays, names = [], []
+    copies = {src: (name, layout, have) for name, (src, layout, have) in plan.copies.items()}
+    for w, name in zip(imported.weights, imported.weight_names):
+        arrays.append(_repacked(w, *plan.repacked[name]) if name in plan.repacked else w)
+        names.append(name)
+        if name in copies:
+            copy, layout, have = copies[name]
+            arrays.append(_repacked(w, layout, have))
+            names.append(copy)
+    imported.weights, imported.weight_names = arrays, names
+
+
 def prepare_builds() -> None:
     """Before this process first imports TVM: TVM's CPU pool on every physical core, and the stand-in CUDA driver
     where there is no real one (wide_tvm/cuda_aot.py), so the kernels it builds embed device code. compile() calls
@@ -146,7 +169,8 @@ def _blas_extern(tgt):
 
 
 def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa: A001
-            dense: bool = False, dependent_launch: bool = True, strict: bool = False, blas: bool = True) -> Compiled:
+            dense: bool = False, dependent_launch: bool = True, strict: bool = False, blas: bool = True,
+            fallback: str = "auto") -> Compiled:
     """Compile a .onnx / .pt2 path or an ExportedProgram for `target` (see `parse_target`).
 
     `dense=True` skips the gated-layer lowering: the same pipeline, TVM's dense kernels (a baseline).
@@ -155,6 +179,10 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     the node where recognition stopped; `strict=True` raises a WideError instead.
     `blas=True` sends every other dense matmul to the vendor BLAS (cuBLASLt for fp16 / bf16 / fp32 on CUDA, OpenBLAS for fp32
     on the CPU; wide_tvm/blas/), linked into the library; `blas=False` leaves them to TVM's own kernels.
+    `fallback` ("auto", "off", "always"; wide_tvm/fallback.py): where the vendor BLAS on the masked operand is faster
+    than a gated kernel (measured crossovers in the tuning folders, else a cost model), the kernel runs it instead.
+    A fallback reads the weights as the model stores them, so a repacked weight (CUDA's tensor-core tiles) is kept
+    twice; "off" keeps one copy. Needs `blas`.
     """
     if isinstance(model, (str, os.PathLike)):
         from .frontends import check_model_file
@@ -173,6 +201,8 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
         raise WideError(f"target {target!r} needs nvcc to build CUDA device code, and none was found on PATH")
     if tgt.kind.name not in ("cuda", "llvm"):
         raise WideError(f"target {target!r}: only cuda and llvm targets are supported")
+    if fallback not in FALLBACK_MODES:
+        raise WideError(f"dense fallback {fallback!r}: expected one of {', '.join(FALLBACK_MODES)}")
     if tgt.kind.name == "cuda":
         cuda_codegen()
     extern = _blas_extern(tgt) if blas else None  # before the import: a missing wheel fails fast
@@ -180,7 +210,8 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     dispatch = DispatchDenseMatmuls(tgt.kind.name, extern) if extern else None
     logs = _tuning_logs(tgt, tuning_log)
     lower = LowerGatedLayers(tgt.kind.name, enabled=not dense, knobs=_tuned_entries(logs), wgmma=has_wgmma(tgt),
-                             dependent=dependent_launch and launches_dependents(tgt))
+                             dependent=dependent_launch and launches_dependents(tgt),
+                             fallback=fallback if extern else "off", crossovers=load_crossovers(logs))
     if strict and not dense:  # fail before the build: the lowering's plan alone (no kernel built) names them
         _check_every_gate(imported, tgt)
     # TVM's own schedules, where a database has any (its knob records are applied through `knobs` above)
@@ -192,13 +223,12 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     except WideError:
         raise
     except Exception as err:  # noqa: BLE001 - surface one line, never a TVM traceback
+        if os.environ.get("WIDE_TVM_TRACEBACK"):  # (for developers: TVM's own error, whole)
+            raise
         lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
         raise WideError(f"{imported.source}: compiling for {tgt.kind.name} failed: "
                         f"{lines[-1] if lines else type(err).__name__}") from None
-    repacked = lower.plan.repacked
-    if repacked:  # weights the kernels read in another layout: repack the stored arrays once, here
-        imported.weights = [_repacked(w, *repacked[name]) if name in repacked else w
-                            for w, name in zip(imported.weights, imported.weight_names)]
+    _repack_weights(imported, lower.plan)
     for gate in lower.plan.unlowered:
         warnings.warn(f"{imported.source}: {gate}", UnloweredGateWarning, stacklevel=2)
     if not lower.plan.layers and not dense:
@@ -206,4 +236,5 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
                       stacklevel=2)
     matmuls = dispatch.dispatched if dispatch else []
     return Compiled(executable, imported, tgt, lower.plan.layers, " + ".join(logs) or None, lower.plan.unlowered,
-                    extern if matmuls else None, matmuls, lower.plan.derived)
+                    extern if matmuls or lower.plan.fallbacks else None, matmuls, lower.plan.derived,
+                    lower.plan.fallbacks)

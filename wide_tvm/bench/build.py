@@ -21,6 +21,8 @@ from ..knobs import (DECODE_BUCKETS, DEFAULT_TILES, GemvKnobs, decode_knobs, dir
                      tile_knob, tile_knobs)
 from ..schedules import gated_kernel, mask_reorder
 from ..schedules.code_version import records_of as code_records_of
+from ..schedules.dense_fallback import BLAS_HELPER, blas_helper, with_dense_fallback
+from ..weight_layout import stored_shape
 from ..schedules.launch_bounds import as_built
 from ..targets import has_wgmma, launches_dependents, parse_target, target_folder
 from ..tuning.database import load as load_knobs
@@ -83,6 +85,12 @@ def our_kernels(workloads: list[Workload], target_kind: str, sweep: str | None =
                              f"the workload says {w.direct_tokens} / {w.sorts} (with_bounds sets them)")
         funcs[w.reorder] = mask_reorder(w.groups, target_kind, w.reorder_bound if direct else 0).with_attr(
             "global_symbol", w.reorder)
+        spec = w.spec(target_kind)  # the dense fallback at every count: the crossover's other side
+        funcs[BLAS_HELPER] = blas_helper(w.dtype, target_kind).with_attr("global_symbol", BLAS_HELPER)
+        funcs[w.fallback] = with_dense_fallback(
+            w.kernel, spec.kind, spec.groups, spec.group_size, spec.dim, spec.dtype,
+            stored_shape(spec.layout, spec.n, spec.k), "nk", target_kind, ((1, None),), w.input_masked,
+            w.output_masked).with_attr("global_symbol", w.fallback)
         if sweep and target_kind == "cuda":
             funcs[w.reorder_always] = mask_reorder(w.groups, target_kind).with_attr("global_symbol", w.reorder_always)
             for v in variants(w) if sweep == "all" else ():
@@ -126,11 +134,11 @@ def build(out_dir: str, target: str = "cuda", workloads: list[Workload] | None =
         funcs = our_kernels(workloads, tgt.kind.name, sweep, tuned, has_wgmma(tgt))
         # built as wide-compile builds them (schedules/launch_bounds.py, schedules/dependent_launch.py)
         funcs = {name: as_built(f, launches_dependents(tgt)) for name, f in funcs.items()}
-        tvm.compile(tvm.IRModule(funcs), tgt).export_library(
-            os.path.join(out_dir, "ours.so"))
         # the same pipeline wide-compile runs, no gating: TVM's own kernels, and the vendor BLAS
         export_dense(dense_module(workloads), tgt, os.path.join(out_dir, "tvm_dense.so"), blas=False)
         extern, _ = export_dense(dense_module(workloads), tgt, os.path.join(out_dir, "blas_dense.so"), blas=True)
+        tvm.compile(tvm.IRModule(funcs), tgt).export_library(  # (with the extern: the fallbacks call the BLAS)
+            os.path.join(out_dir, "ours.so"), options=[str(extern.object_path), *extern.link_options()])
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
         json.dump({"target": str(tgt), "blas": extern.library.name, "workloads": [w.to_json() for w in workloads],
                    "sweep": sweep, "derived": derived, "wgmma": has_wgmma(tgt),

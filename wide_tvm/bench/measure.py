@@ -122,15 +122,18 @@ def used_groups(mask: np.ndarray) -> int:
 
 def _rotating_weights(w: Workload, l2: int, tv, layout: str = "nk"):
     """Rotating weight sets of `w` (W [n * weights, k] in torch, [W_gate, W_up] or [W] as TVM tensors in our
-    kernels' `layout`, W as a TVM tensor), enough copies to exceed the L2 cache three times."""
+    kernels' `layout`, W as a TVM tensor, and the dense fallback's weights as the model stores them: [W_gate,
+    W_up], [W, W] (Q) or [W], [N, K]), enough copies to exceed the L2 cache three times. (A repacked layout's
+    fallback copy is a second array, as a compiled model keeps it.)"""
     import torch
 
-    copies = max(1, math.ceil(3 * l2 / (w.n * w.k * 2 * w.weights)))
+    copies = max(1, math.ceil(3 * l2 / (w.n * w.k * 2 * w.weights * (1 if layout == "nk" else 2))))
 
     def make(_i):
         wcat = (torch.randn(w.n * w.weights, w.k, device="cuda") / math.sqrt(w.k)).half()
         ours = [pack(v, layout) for v in (wcat[:w.n], wcat[w.n:] if w.swiglu else wcat)]
-        return wcat, [tv(v) for v in ours], tv(wcat)
+        dense = [wcat[:w.n], wcat[w.n:]] if w.swiglu else [wcat, wcat] if w.kind == "gemm_mn" else [wcat]
+        return wcat, [tv(v) for v in ours], tv(wcat), [tv(v) for v in dense]
 
     return _rotating(make, copies)
 
@@ -145,12 +148,14 @@ def _reorder_args(w: Workload, mask, tv) -> list:
                             torch.empty(w.groups + 1, dtype=torch.int32, device="cuda"))]
 
 
-def _launch(fn, w: Workload, xt, wts, r_args, out) -> None:
-    """One call of a gated kernel, (x or a, W_gate [, W_up], mask, counts, order, used, out)."""
+def _launch(fn, w: Workload, xt, wts, r_args, out, dense: bool = False) -> None:
+    """One call of a gated kernel, (x or a, W_gate [, W_up], mask, counts, order, used, out); `dense`: of its
+    dense fallback, which takes the weights as stored before `out` (schedules/dense_fallback.py)."""
+    extra = wts[3] if dense else []
     if w.kind == "gemm_mn":
-        fn(xt, wts[1][0], wts[1][1], r_args[0], r_args[1], r_args[2], r_args[3], out)
+        fn(xt, wts[1][0], wts[1][1], r_args[0], r_args[1], r_args[2], r_args[3], *extra, out)
     else:
-        fn(xt, wts[1][0], r_args[0], r_args[1], r_args[2], r_args[3], out)
+        fn(xt, wts[1][0], r_args[0], r_args[1], r_args[2], r_args[3], *extra, out)
 
 
 def device_limits(timer) -> dict:
@@ -214,6 +219,7 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
             continue
         weights = _rotating_weights(w, l2, tv, spec.get("layouts", {}).get(w.name, "nk"))
         kernel, reorder = ours[w.kernel], ours[w.reorder]
+        fallback = ours[w.fallback]
         for m in tokens:
             x = torch.randn(m, w.k, device="cuda").half()
             xt = tv(x)
@@ -235,18 +241,28 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
                         reorder(*r_args)
                         call(weights(), r_args)
 
-                    t_cublas, t_tvm, t_blas, t_reorder, t_kernel, t_ours = timer(
+                    def fallback_call():  # reorder (a model still runs it) + the dense fallback
+                        r_args = next_args()
+                        reorder(*r_args)
+                        _launch(fallback, w, xt, weights(), r_args, tv(out), dense=True)
+
+                    t_cublas, t_tvm, t_blas, t_reorder, t_kernel, t_ours, t_fallback = timer(
                         lambda: torch.matmul(x, weights()[0].t()), lambda: dense_vm[w.dense](xt, weights()[2]),
                         lambda: blas_vm[w.dense](xt, weights()[2]),
-                        lambda: reorder(*next_reorder()), lambda: call(weights(), next_kernel()), ours_call)
+                        lambda: reorder(*next_reorder()), lambda: call(weights(), next_kernel()), ours_call,
+                        fallback_call)
                     err = max(_check(w, x, weights(), mask, out, lambda wts, a=r_args: call(wts, a))
                               for mask, r_args in zip(mask_t, r_pool))
+                    fb_err = max(_check_fallback(w, x, weights(), mask, out, fallback, r_args, tv)
+                                 for mask, r_args in zip(mask_t, r_pool))
                     limit = pool_limit_us(w, m, pool, limits)
                     used = [used_groups(v) for v in pool]
-                    row = {"workload": w.name, "kind": w.kind, "group_size": w.group_size, "tokens": m,
+                    row = {"workload": w.name, "key": w.spec("cuda").key, "kind": w.kind,
+                           "group_size": w.group_size, "tokens": m,
                            "sparsity": sp, "mask": mk, "measured_sparsity": float(1 - np.mean(pool)),
                            "mask_draws": draws, "used_groups": used,
                            "cublas_us": t_cublas, "tvm_dense_us": t_tvm, "blas_dense_us": t_blas, "ours_us": t_ours,
+                           "fallback_us": t_fallback, "fallback_rel_err": fb_err,
                            "kernel_us": t_kernel, "reorder_us": t_reorder, "limit_us": limit,
                            "speedup_vs_cublas": t_cublas / t_ours,
                            # (an all-skipped row, s = 1, has no work: no limit ratio; its time is the fixed cost)
@@ -256,7 +272,7 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
                     rows.append(row)
                     progress(f"{w.name:14s} M={m:5d} s={sp:.2f} {mk:7s} cuBLAS {t_cublas:9.1f} us  TVM dense "
                              f"{t_tvm:9.1f} us  our cuBLASLt {t_blas:9.1f} us  ours {t_ours:9.1f} us "
-                             f"(reorder {t_reorder:6.1f})  "
+                             f"(reorder {t_reorder:6.1f})  fallback {t_fallback:9.1f} us  "
                              f"x{t_cublas / t_ours:5.2f}  limit {times(row['limit_speedup_vs_cublas'])}  err {err:.1e}  "
                              f"used groups {min(used)}-{max(used)} of {w.groups}")
         if json_path:
@@ -290,6 +306,22 @@ def _check(w: Workload, x, wts, mask, out, call) -> float:
     scale = ref.abs().max().item()
     return float((out.float() - ref).abs().max().item() / scale) if scale > 0 else float(out.abs().max().item())
 
+
+
+def _check_fallback(w: Workload, x, wts, mask, out, fn, r_args, tv) -> float:
+    """Relative error of the dense fallback against the float32 torch reference, fed as a model feeds it: a
+    gemm_k whose input a gemm_mn wrote gets it zero where skipped; an unmasked gemm_mn output is compared where
+    active."""
+    import torch
+
+    expand = torch.repeat_interleave(mask.to(x.dtype), w.group_size, dim=1)
+    xin = x * expand if w.input_masked else x
+    _launch(fn, w, tv(xin), wts, r_args, tv(out), dense=True)
+    torch.cuda.synchronize()
+    ref = torch_reference(w, x, wts[0], mask)
+    got = out.float() if w.output_masked else out.float() * expand.float()
+    scale = ref.abs().max().item()
+    return float((got - ref).abs().max().item() / scale) if scale > 0 else float(got.abs().max().item())
 
 
 def _bucket(w: Workload, m: int):

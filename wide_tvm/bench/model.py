@@ -31,7 +31,8 @@ TOKENS = {"cuda": (1, 16, 64, 128, 512, 2048, 4096), "cpu": (1, 16, 128)}
 
 
 def build_model(out_dir: str, target: str = "cuda", name: str | None = None) -> str:
-    """Export MODELS[name] and compile it gated (model_gated.so) and dense (model_dense.so); DIR/model.json."""
+    """Export MODELS[name] and compile it gated (model_gated.so), gated without the dense fallback
+    (model_gated_nofallback.so) and dense (model_dense.so); DIR/model.json."""
     import torch
 
     import wide_tvm
@@ -51,9 +52,10 @@ def build_model(out_dir: str, target: str = "cuda", name: str | None = None) -> 
         export_model(model, example_inputs(cfg, 8), path)
     del model
     libs = {}
-    for variant, dense in (("gated", False), ("dense", True)):
-        compiled = wide_tvm.compile(path, target, dense=dense)
+    for variant, options in (("gated", {}), ("gated_nofallback", {"fallback": "off"}), ("dense", {"dense": True})):
+        compiled = wide_tvm.compile(path, target, **options)
         libs[variant] = {"library": f"model_{variant}.so", "layers": len(compiled.layers),
+                         "dense_fallback": compiled.meta()["dense_fallback"],
                          "blas_matmuls": len(compiled.blas_matmuls), "blas": compiled.meta()["blas"],
                          "weights": [[list(w.shape), str(w.dtype)] for w in compiled.model.weights],
                          "weight_names": compiled.model.weight_names}
@@ -132,9 +134,12 @@ def run_model(build_dir: str, tokens=None, json_path: str | None = None, progres
             vm, weights = ours[variant]
             return lambda: vm["main"](idt, *weights)
 
+        variants = list(ours)  # gated, dense and (libraries built since the dense fallback) gated_nofallback
         with torch.no_grad():
-            t_torch, t_gated, t_dense = timer(lambda: reference(ids), call("gated"), call("dense"))
-        row = {"tokens": t, "torch_us": t_torch, "ours_gated_us": t_gated, "ours_dense_us": t_dense,
+            t_torch, *t_ours = timer(lambda: reference(ids), *[call(v) for v in variants])
+        got = dict(zip(variants, t_ours))
+        t_gated, t_dense = got["gated"], got["dense"]
+        row = {"tokens": t, "torch_us": t_torch, **{f"ours_{v}_us": got[v] for v in variants},
                "gated_vs_torch": t_torch / t_gated, "dense_vs_torch": t_torch / t_dense,
                "gated_vs_dense": t_dense / t_gated}
         rows.append(row)

@@ -5,8 +5,25 @@ from __future__ import annotations
 import json
 
 
-def markdown(result: dict, sparsity: float = 0.5, mask: str = "random") -> str:
-    """One row per workload and token count at `sparsity`: every column the issue asks for, side by side."""
+def auto_us(row: dict, crossovers: dict) -> float:
+    """The time of the path a compiled model runs for `row` (a gated benchmark row timing both): the dense fallback
+    where wide_tvm/fallback.py's decision from `crossovers` (the tuning folders' measured points) takes it, else the
+    gated kernel."""
+    from ..fallback import decide
+    from ..tuning.nearest import parse_key
+
+    if "fallback_us" not in row:
+        return row["ours_us"]
+    ranges, _ = decide(row["key"], parse_key(row["key"])[0], "cuda", "auto", crossovers)
+    dense = any(lo <= row["tokens"] and (hi is None or row["tokens"] <= hi) for lo, hi in ranges)
+    return row["fallback_us"] if dense else row["ours_us"]
+
+
+def markdown(result: dict, sparsity: float = 0.5, mask: str = "random", crossovers: dict | None = None) -> str:
+    """One row per workload and token count at `sparsity`: every column the issue asks for, side by side; where the
+    run timed the dense fallback too, its time and the path a compiled model picks (`auto_us` with `crossovers`)."""
+    if any("fallback_us" in r for r in result["rows"]):
+        return _fallback_markdown(result, sparsity, mask, crossovers or {})
     lim = result["limits"]
     lines = [f"Device: {result['device']}; timer: {result['timer']}; measured DRAM bandwidth "
              f"{lim['bandwidth_gbs']:.0f} GB/s, dense fp16 tensor cores {lim['tensor_tflops']:.0f} TFLOP/s. "
@@ -21,6 +38,26 @@ def markdown(result: dict, sparsity: float = 0.5, mask: str = "random") -> str:
                      f"{r['ours_us']:.1f} ({r['reorder_us']:.1f}) | {r['speedup_vs_cublas']:.2f}x | "
                      f"{times(r['limit_speedup_vs_cublas'])} | {r['limit_us'] / r['ours_us']:.0%} | "
                      f"{times(r['dense_limit_speedup'])} | {r['rel_err']:.1e} |")
+    return "\n".join(lines)
+
+
+def _fallback_markdown(result: dict, sparsity: float, mask: str, crossovers: dict) -> str:
+    lim = result["limits"]
+    lines = [f"Device: {result['device']}; timer: {result['timer']}; measured DRAM bandwidth "
+             f"{lim['bandwidth_gbs']:.0f} GB/s, dense fp16 tensor cores {lim['tensor_tflops']:.0f} TFLOP/s. "
+             f"Sparsity {sparsity}, {mask} masks. Microseconds; gated = mask reorder + kernel; fallback = reorder + "
+             "vendor BLAS (+ the mask / SwiGLU epilogue); picked = the path the crossovers choose.", "",
+             "| workload | M | cuBLAS | our cuBLASLt dense | gated | fallback | picked vs cuBLAS | gated vs cuBLAS "
+             "| fallback vs cuBLAS | rel err (gated / fallback) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in result["rows"]:
+        if r["sparsity"] != sparsity or r["mask"] != mask:
+            continue
+        picked = auto_us(r, crossovers)
+        lines.append(f"| {r['workload']} | {r['tokens']} | {r['cublas_us']:.1f} | {r['blas_dense_us']:.1f} | "
+                     f"{r['ours_us']:.1f} | {r['fallback_us']:.1f} | **{r['cublas_us'] / picked:.2f}x** | "
+                     f"{r['cublas_us'] / r['ours_us']:.2f}x | {r['cublas_us'] / r['fallback_us']:.2f}x | "
+                     f"{r['rel_err']:.1e} / {r['fallback_rel_err']:.1e} |")
     return "\n".join(lines)
 
 
@@ -196,10 +233,12 @@ def model_markdown(result: dict) -> str:
     lines = [f"Device: {result['device']}; model {result['model']} ({cfg['num_layers']} layers, hidden "
              f"{cfg['hidden_size']}, intermediate {cfg['intermediate_size']}); timer: {result['timer']}. "
              "Microseconds per forward of [1, T].", "",
-             "| T | PyTorch (dense, SDPA) | ours gated | ours dense | gated vs PyTorch | dense vs PyTorch | "
-             "gated vs dense |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| T | PyTorch (dense, SDPA) | ours gated | ours gated, no fallback | ours dense | gated vs PyTorch | "
+             "dense vs PyTorch | gated vs dense |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in result["rows"]:
-        lines.append(f"| {r['tokens']} | {r['torch_us']:.0f} | **{r['ours_gated_us']:.0f}** | {r['ours_dense_us']:.0f} "
+        nofb = r.get("ours_gated_nofallback_us")
+        lines.append(f"| {r['tokens']} | {r['torch_us']:.0f} | **{r['ours_gated_us']:.0f}** | "
+                     f"{'-' if nofb is None else f'{nofb:.0f}'} | {r['ours_dense_us']:.0f} "
                      f"| {r['gated_vs_torch']:.2f}x | {r['dense_vs_torch']:.2f}x | {r['gated_vs_dense']:.2f}x |")
     return "\n".join(lines)
 

@@ -36,6 +36,11 @@ class Workload:
     # the built gemm_mn's reorder-free bound (knobs.reorder_free_bound of its tuned tile knobs, set
     # by `wide-bench build`): up to it its many-token kernels sort their tokens themselves; 0: none does
     sorts: int = 0
+    # how its dense fallback runs in a model (schedules/dense_fallback.py): gemm_k's input already zero where a
+    # group is skipped (down: a gemm_mn of the same mask wrote it; O reads the attention's output, masked first),
+    # gemm_mn's output masked (Q's is not: the attention's output gating discards skipped head groups)
+    input_masked: bool = False
+    output_masked: bool = True
 
     @property
     def k(self) -> int:
@@ -88,6 +93,11 @@ class Workload:
         return f"bench_reorder_g{self.groups}_always"
 
     @property
+    def fallback(self) -> str:
+        """Our kernel forced onto its dense fallback at every token count (the other side of the crossover)."""
+        return f"{self.kernel}_dense"
+
+    @property
     def dense(self) -> str:
         """Name of the TVM dense baseline function: x [M, k] @ W[n*weights, k]^T."""
         return f"dense_k{self.k}_n{self.n * self.weights}"
@@ -98,10 +108,10 @@ class Workload:
 
 LLAMA_8B = [
     Workload("gate_up_g128", "gemm_mn", 112, 128, 4096, swiglu=True),
-    Workload("down_g128", "gemm_k", 112, 128, 4096),
+    Workload("down_g128", "gemm_k", 112, 128, 4096, input_masked=True),
     Workload("gate_up_g32", "gemm_mn", 448, 32, 4096, swiglu=True),
-    Workload("down_g32", "gemm_k", 448, 32, 4096),
-    Workload("q_proj_h4", "gemm_mn", 8, 512, 4096),
+    Workload("down_g32", "gemm_k", 448, 32, 4096, input_masked=True),
+    Workload("q_proj_h4", "gemm_mn", 8, 512, 4096, output_masked=False),
     Workload("o_proj_h4", "gemm_k", 8, 512, 4096),
 ]
 # FFN shapes the shipped tunings never saw (keep them out of the databases): Qwen2.5-7B (hidden 3584, intermediate
@@ -109,9 +119,9 @@ LLAMA_8B = [
 # knobs (tuning/nearest.py), or with the generic defaults (`wide-bench build --workloads untuned --no-derived`)
 UNTUNED = [
     Workload("qwen7b_gate_up", "gemm_mn", 148, 128, 3584, swiglu=True),
-    Workload("qwen7b_down", "gemm_k", 148, 128, 3584),
+    Workload("qwen7b_down", "gemm_k", 148, 128, 3584, input_masked=True),
     Workload("nemo_gate_up", "gemm_mn", 112, 128, 5120, swiglu=True),
-    Workload("nemo_down", "gemm_k", 112, 128, 5120),
+    Workload("nemo_down", "gemm_k", 112, 128, 5120, input_masked=True),
 ]
 WORKLOAD_SETS = {"llama8b": LLAMA_8B, "untuned": UNTUNED}
 

@@ -6,5 +6,10 @@ where their shared libraries come from at build and at run time (`libraries.py`)
 | cuda | `wide_cublaslt_matmul` (fp16 / bf16 / fp32, fp32 accumulation) | `libcublasLt.so.13` (`nvidia-cublas`, CUDA 13) |
 | llvm | `wide_cblas_matmul` (fp32) | `libscipy_openblas.so` (`scipy-openblas32`) |
 
-`passes/blas_dispatch.py` sends dense matmuls to them. Importing this package loads nothing.
+`passes/blas_dispatch.py` sends dense matmuls to them, `schedules/dense_fallback.py` calls them from a gated kernel's
+host code. Importing this package loads nothing.
 """
+
+WORKSPACE_BYTES = 32 << 20  # cuBLASLt's workspace a call gets (the recommended size on Hopper)
+DTYPES = {"cuda": ("float16", "bfloat16", "float32"), "llvm": ("float32",)}  # what each target's extern takes
+FUNCTIONS = {"cuda": "wide_cublaslt_matmul", "llvm": "wide_cblas_matmul"}  # the externs' TVM FFI names

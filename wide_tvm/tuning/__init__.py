@@ -6,5 +6,6 @@
 * `database`: the JSON records and the picks the compiler applies (`load`);
 * `nearest`: an untuned shape's knobs from the nearest tuned shape (the lowering and the benchmark build use it);
 * `knob_file`: GPU sweep imports (kernel_knobs.json) and the record of tuning runs;
+* `crossover`: the dense fallback's measured crossovers (crossover.json, `wide-tune --crossover`);
 * `driver`: `wide-tune` itself (a model's kernels from the lowering's plan, or the benchmark's).
 """

@@ -1,8 +1,8 @@
 """DispatchDenseMatmuls: every dense matmul the gated lowering left goes to the target's vendor BLAS extern.
 
 On CUDA, fp16 / bf16 / fp32 matmuls go to cuBLASLt (`wide_cublaslt_matmul`; fp32 exact, no TF32; an fp16 model's
-attention exported through SDPA runs its products in fp32); on the CPU, fp32 ones go to OpenBLAS
-(`wide_cblas_matmul`); see wide_tvm/blas/. Matched forms (shapes row-major; `b` is the extern's second operand):
+attention exported through SDPA runs its products in fp32); on the CPU to OpenBLAS (`wide_cblas_matmul`; fp16 / bf16
+widened to fp32 and the result rounded back); see wide_tvm/blas/. Matched forms (shapes row-major; `b` is the extern's second operand):
 
 | Relax | extern call | example |
 | --- | --- | --- |
@@ -12,7 +12,7 @@ attention exported through SDPA runs its products in fp32); on the CPU, fp32 one
 | `matmul(p [B.., M, K], v [B.., K, N])` | `b = v`, trans_b = 0 | attention values |
 
 A batched `b` must have the same leading dims as `x` (no broadcasting); anything else (1-D operands, mixed dtypes, an
-`out_dtype` that differs from the inputs, fp16 on the CPU) is left to TVM. The CUDA call also returns cuBLASLt's
+`out_dtype` that differs from the inputs) is left to TVM. The CUDA call also returns cuBLASLt's
 workspace (`WORKSPACE_BYTES`, uint8), allocated by TVM's memory planner like any other temporary, so the call
 allocates nothing itself and can be captured in a CUDA graph:
 

@@ -16,7 +16,7 @@ the arrays the model stores, which the kernels may read repacked), then `out`:
 | kind | parameters | fallback |
 | --- | --- | --- |
 | gemm_mn_swiglu | x, wg, wu, mask, counts, order, used, wg_d, wu_d, out | out = x @ wg_d; u = x @ wu_d; out = mask ? silu(out) * u : 0 |
-| gemm_mn | x, w, w, mask, counts, order, used, w_d, out | out = x @ w_d (`masked_output`: then out = mask ? out : 0) |
+| gemm_mn | x, w, w, mask, counts, order, used, w_d, w_d, out | out = x @ w_d (`masked_output`: then out = mask ? out : 0) |
 | gemm_k | a, w, mask, counts, order, used, w_d, out | out = a @ w_d (`masked_input` False: a masked into a temporary first) |
 
 `masked_output=False` is for a query projection whose skipped head groups the attention's output gating discards
@@ -38,7 +38,6 @@ from ..blas import FUNCTIONS, WORKSPACE_BYTES
 
 THREADS = 256  # threads per block of the elementwise kernels
 OPAQUE = 8  # relax's op_pattern kOpaque: the fusion passes leave the function alone (its body calls functions)
-Range = tuple  # (lo, hi): token counts lo <= n <= hi; hi None: no upper end
 
 
 def in_ranges(n, ranges) -> tirx.PrimExpr:

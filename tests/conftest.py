@@ -29,6 +29,15 @@ def build_cpu(func):
     return tvm.compile(func.with_attr("global_symbol", "main"), target=parse_target("llvm"))["main"]
 
 
+def module_sources(executable) -> str:
+    """The source of every module an executable carries (LLVM IR of the host code, CUDA C of the kernels)."""
+    modules, todo = [], [executable.mod]
+    while todo:
+        modules.append(todo.pop())
+        todo += list(modules[-1].imports)
+    return "".join(m.inspect_source() for m in modules if m.kind in ("llvm", "cuda"))
+
+
 def assert_matches_model(runner, model, cfg, tokens=(1, 7, 33), tol: float = 1e-5) -> None:
     """A loaded library equals the PyTorch model (float32) at each token count, relative to the logits' largest
     magnitude, and gives the same bits on a second call."""

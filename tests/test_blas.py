@@ -24,21 +24,12 @@ from wide_tvm.model import WideConfig, build_example, example_inputs
 from wide_tvm.passes import DispatchDenseMatmuls, LowerGatedLayers, wide_pipeline
 from wide_tvm.targets import parse_target
 
-from conftest import assert_matches_model
+from conftest import assert_matches_model, module_sources
 
 
 def _needed(lib: str) -> list[str]:
     out = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True, check=True).stdout
     return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
-
-
-def _sources(executable) -> str:
-    """The source of every module the executable carries (LLVM IR of the host code, CUDA C of the kernels)."""
-    modules, todo = [], [executable.mod]
-    while todo:
-        modules.append(todo.pop())
-        todo += list(modules[-1].imports)
-    return "".join(m.inspect_source() for m in modules if m.kind in ("llvm", "cuda"))
 
 
 def _forms_module(dtype: str) -> tuple[tvm.IRModule, dict]:
@@ -76,9 +67,14 @@ def _shape_of(param, t: int) -> list[int]:
     return [t if not isinstance(d, tvm.tirx.IntImm) else int(d) for d in param.ty.shape.values]
 
 
-@pytest.mark.parametrize("tokens", [1, 7, 33])
-def test_every_dispatched_form_matches_numpy_on_the_cpu(tmp_path, tokens):
-    mod, forms = _forms_module("float32")
+@pytest.mark.parametrize("dtype,tokens", [("float32", 1), ("float32", 7), ("float32", 33), ("float16", 1),
+                                          ("float16", 33), ("bfloat16", 33)])
+def test_every_dispatched_form_matches_numpy_on_the_cpu(tmp_path, dtype, tokens):
+    """fp16 / bf16 go to OpenBLAS too, widened to fp32 (no unscheduled TVM matmul is left for them): the result is
+    the float64 product of the same inputs, rounded once to the dtype."""
+    import ml_dtypes  # noqa: F401  (numpy learns bfloat16)
+
+    mod, forms = _forms_module(dtype)
     tgt = parse_target("llvm")
     extern = extern_for("llvm")
     dispatch = DispatchDenseMatmuls("llvm", extern)
@@ -92,18 +88,51 @@ def test_every_dispatched_form_matches_numpy_on_the_cpu(tmp_path, tokens):
     load_blas(["openblas"])  # as wide_tvm.load does: the library names it without a path
     vm = relax.VirtualMachine(tvm.runtime.load_module(lib), tvm.cpu())
     rng = np.random.default_rng(tokens)
-    for name, (_, ref) in forms.items():
-        args = [rng.standard_normal(_shape_of(p, tokens)).astype("float32") for p in mod[name].params]
-        out = vm[name](*[tvm.runtime.tensor(a) for a in args]).numpy()
-        np.testing.assert_allclose(out, ref(*args), rtol=1e-5, atol=1e-5, err_msg=name)
-        assert np.array_equal(out, vm[name](*[tvm.runtime.tensor(a) for a in args]).numpy()), name
+    tol = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]  # (the output's rounding, and fp32 sums)
+    for name, (dispatched, ref) in forms.items():
+        args = [rng.standard_normal(_shape_of(p, tokens)).astype(dtype) for p in mod[name].params]
+        out = vm[name](*[tvm.runtime.tensor(a) for a in args]).numpy().astype(np.float64)
+        want = ref(*[a.astype(np.float64) for a in args])
+        assert np.abs(out - want).max() <= tol * max(1.0, np.abs(want).max()), name
+        assert np.array_equal(out, vm[name](*[tvm.runtime.tensor(a) for a in args]).numpy().astype(np.float64)), name
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cpu_half_precision_rounds_as_numpy(tmp_path, dtype):
+    """An outer product (K = 1: each fp32 product exact) rounded to fp16 / bf16 by the extern equals NumPy's
+    round-to-nearest-even, over normal, subnormal, overflowing, infinite and NaN values."""
+    import ml_dtypes  # noqa: F401
+
+    bb = relax.BlockBuilder()
+    x, w = (relax.Var(name, relax.TensorType(shape, dtype)) for name, shape in (("x", [64, 1]), ("w", [96, 1])))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, relax.op.permute_dims(w)))
+        bb.emit_func_output(out)
+    tgt, extern = parse_target("llvm"), extern_for("llvm")
+    with tgt:
+        ex = tvm.compile(bb.get(), tgt, relax_pipeline=wide_pipeline(tgt, LowerGatedLayers("llvm", enabled=False),
+                                                                     None, DispatchDenseMatmuls("llvm", extern)))
+    ex.export_library(str(tmp_path / "outer.so"), options=extern.link_options())
+    load_blas(["openblas"])
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "outer.so")), tvm.cpu())
+    rng = np.random.default_rng(0)
+    xs = (rng.standard_normal((64, 1)) * 2.0 ** rng.integers(-20, 12, (64, 1))).astype(np.float32)
+    xs[:4, 0] = [np.inf, -np.inf, np.nan, 0.0]
+    ws = (rng.standard_normal((96, 1)) * 2.0 ** rng.integers(-16, 10, (96, 1))).astype(np.float32)
+    xs, ws = xs.astype(dtype), ws.astype(dtype)
+    got = vm["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ws)).numpy()
+    want = (xs.astype(np.float32) @ ws.astype(np.float32).T).astype(dtype)
+    same = (got.view(np.uint16) == want.view(np.uint16)) | (np.isnan(got.astype(np.float32))
+                                                          & np.isnan(want.astype(np.float32)))
+    assert same.all(), (got[~same][:5], want[~same][:5])
 
 
 def test_cpu_model_runs_its_dense_matmuls_on_openblas(exported, tmp_path):
     path, model, cfg = exported("default", "onnx")
     compiled = wide_tvm.compile(path, "llvm")
     assert compiled.blas_matmuls and {m.dtype for m in compiled.blas_matmuls} == {"float32"}
-    assert not re.search(r"define [^\n]*matmul", _sources(compiled.executable))  # no TVM matmul kernel is left
+    assert not re.search(r"define [^\n]*matmul", module_sources(compiled.executable))  # no TVM matmul kernel is left
     lib = compiled.export(str(tmp_path / "m.so"))
     assert "libscipy_openblas.so" in _needed(lib)
     runner = wide_tvm.load(lib)
@@ -151,7 +180,7 @@ def test_cuda_model_links_cublaslt_and_has_no_tvm_matmul(tmp_path):
     assert compiled.blas_matmuls and {m.dtype for m in compiled.blas_matmuls} == {"float16"}
     assert any(m.batched for m in compiled.blas_matmuls)  # attention's scores and values too
     kernels = re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(',
-                         _sources(compiled.executable))
+                         module_sources(compiled.executable))
     assert kernels and not [k for k in kernels if "matmul" in k]
     lib = compiled.export(str(tmp_path / "m.so"))
     assert "libcublasLt.so.13" in _needed(lib)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import wide_tvm
 from wide_tvm.compiler import NoGatedLayersWarning
 from wide_tvm.model import example_inputs
 from wide_tvm.weight_layout import pack
+
+from conftest import module_sources
 
 TOKENS = [1, 7, 33]
 
@@ -183,6 +186,9 @@ def test_fp16_and_bf16_models_match_pytorch_in_their_dtype(tmp_path, fmt, dtype,
     assert len(compiled.layers) == 2 * cfg.num_layers
     assert all(k.endswith(("_nk", "_kp")) and dtype in k for layer in compiled.layers for k in layer.kernels
                if "gemm" in k)
+    # its dense matmuls in the model's dtype on OpenBLAS (widened to fp32), none left to TVM's unscheduled loops
+    assert dtype in {m.dtype for m in compiled.blas_matmuls}
+    assert not re.search(r"define [^\n]*matmul", module_sources(compiled.executable))
     for t in (1, 7, 33):
         x = example_inputs(cfg, t, seed=t)
         with torch.no_grad():

@@ -203,6 +203,8 @@ def bench_main(argv=None) -> int:
     db = sub.add_parser("dense-build", help="compile every dense matmul shape of Llama-3.1-8B (bench/dense.py)")
     db.add_argument("dir")
     db.add_argument("--target", default="cuda", help="cuda (fp16, cuBLASLt) or llvm (fp32, OpenBLAS)")
+    db.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
+                    help="default: float16 on cuda, float32 on llvm (whose fp16 / bf16 OpenBLAS computes in fp32)")
     dr = sub.add_parser("dense-run", help="time them against torch.matmul where they run; writes JSON")
     dr.add_argument("dir")
     dr.add_argument("--json", required=True)
@@ -238,7 +240,7 @@ def bench_main(argv=None) -> int:
         elif args.cmd == "dense-build":
             from .bench.dense import build_dense
 
-            print(f"wrote {build_dense(args.dir, args.target)}")
+            print(f"wrote {build_dense(args.dir, args.target, dtype=args.dtype)}")
         elif args.cmd == "model-build":
             from .bench.model import build_model
 

@@ -116,8 +116,9 @@ def export_dense(mod, tgt, path: str, blas: bool):
     return extern, len(dispatch.dispatched) if dispatch else 0
 
 
-def build_dense(out_dir: str, target: str = "cuda", shapes=DENSE_SHAPES) -> str:
-    """DIR/dense_blas.so, DIR/dense_tvm.so and DIR/dense.json for `target` (fp16 on CUDA, fp32 on the CPU)."""
+def build_dense(out_dir: str, target: str = "cuda", shapes=DENSE_SHAPES, dtype: str | None = None) -> str:
+    """DIR/dense_blas.so, DIR/dense_tvm.so and DIR/dense.json for `target`, in `dtype` (default fp16 on CUDA, fp32
+    on the CPU)."""
     from ..cuda_aot import cuda_codegen
     from ..targets import parse_target
 
@@ -125,7 +126,7 @@ def build_dense(out_dir: str, target: str = "cuda", shapes=DENSE_SHAPES) -> str:
     kind = tgt.kind.name
     if kind == "cuda":
         cuda_codegen()
-    dtype = "float16" if kind == "cuda" else "float32"
+    dtype = dtype or ("float16" if kind == "cuda" else "float32")
     os.makedirs(out_dir, exist_ok=True)
     with tgt:
         extern, dispatched = export_dense(dense_shape_module(shapes, dtype), tgt,

@@ -246,11 +246,15 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
                         reorder(*r_args)
                         _launch(fallback, w, xt, weights(), r_args, tv(out), dense=True)
 
-                    t_cublas, t_tvm, t_blas, t_reorder, t_kernel, t_ours, t_fallback = timer(
+                    def dense_ffn():  # what a dense FFN runs for gate/up: the GEMM and its SwiGLU
+                        h = torch.matmul(x, weights()[0].t())
+                        return torch.nn.functional.silu(h[:, :w.n]) * h[:, w.n:]
+
+                    t_cublas, t_tvm, t_blas, t_reorder, t_kernel, t_ours, t_fallback, t_swiglu = timer(
                         lambda: torch.matmul(x, weights()[0].t()), lambda: dense_vm[w.dense](xt, weights()[2]),
                         lambda: blas_vm[w.dense](xt, weights()[2]),
                         lambda: reorder(*next_reorder()), lambda: call(weights(), next_kernel()), ours_call,
-                        fallback_call)
+                        fallback_call, dense_ffn if w.swiglu else (lambda: None))
                     err = max(_check(w, x, weights(), mask, out, lambda wts, a=r_args: call(wts, a))
                               for mask, r_args in zip(mask_t, r_pool))
                     fb_err = max(_check_fallback(w, x, weights(), mask, out, fallback, r_args, tv)
@@ -263,6 +267,8 @@ def run(build_dir: str, tokens=TOKENS, sparsities=SPARSITIES, masks=MASKS, only:
                            "mask_draws": draws, "used_groups": used,
                            "cublas_us": t_cublas, "tvm_dense_us": t_tvm, "blas_dense_us": t_blas, "ours_us": t_ours,
                            "fallback_us": t_fallback, "fallback_rel_err": fb_err,
+                           # gate/up: torch's GEMM then its SwiGLU (the dense FFN's work up to down's input)
+                           **({"cublas_swiglu_us": t_swiglu} if w.swiglu else {}),
                            "kernel_us": t_kernel, "reorder_us": t_reorder, "limit_us": limit,
                            "speedup_vs_cublas": t_cublas / t_ours,
                            # (an all-skipped row, s = 1, has no work: no limit ratio; its time is the fixed cost)

@@ -29,9 +29,11 @@ def test_measured_points_decide_the_counts_nearest_them():
 
 def test_the_cost_model_falls_back_where_the_kernels_do_dense_work():
     # CUDA: once ~95 % of groups are used (5 tokens at 50 %) the direct kernels stream nearly everything; gemm_k's
-    # many-token tiles use every group, gemm_mn's skip per token (half the work at 50 %) and stay gated
+    # many-token tiles use every group, gemm_mn's skip per token (half the work at 50 %) and stay gated; gate/up's
+    # fallback pays its SwiGLU pass on top of the GEMM, which the gated kernel never loses
     assert model_ranges("gemm_k", "cuda") == ((5, None),)
-    assert model_ranges("gemm_mn_swiglu", "cuda") == ((5, 16),)
+    assert model_ranges("gemm_mn", "cuda") == ((5, 16),)
+    assert model_ranges("gemm_mn_swiglu", "cuda") == ()
     assert model_ranges("gemm_k", "llvm") == () == model_ranges("gemm_mn", "llvm")  # the CPU kernels beat OpenBLAS
 
 

@@ -36,6 +36,9 @@ SPARSITY = 0.5  # the share of groups a token skips that the cost model assumes 
 EFFICIENCY = {"cuda": {"direct": 0.95, "gemm_mn": 0.75, "gemm_k": 0.6}, "llvm": {"direct": 1.5, "gemm_mn": 1.5,
                                                                                 "gemm_k": 1.5}}
 DIRECT_TOKENS = 16  # up to this many tokens the kernels stream weights (memory-bound: work = used groups' bytes)
+# The fallback's time relative to the bare BLAS GEMM: gate/up adds the SwiGLU pass (reads 2 N, writes N columns: about
+# a tenth of the GEMM's time from 16 tokens on, H200 estimate from the DRAM rate); the others add at most a mask pass
+FALLBACK_COST = {"gemm_mn_swiglu": 1.1}
 
 
 def load_crossovers(folders: list[str]) -> dict:
@@ -82,13 +85,16 @@ def model_prefers_dense(kind: str, tokens: int, target_kind: str, sparsity: floa
     """The cost model: the gated kernel's work relative to dense -- the share of groups some token uses,
     1 - sparsity^tokens, while the kernels stream weights (up to DIRECT_TOKENS), then gemm_mn's active (token,
     group) pairs (1 - sparsity) and gemm_k's every group (a tile of tokens skips a group only if all its tokens
-    do) -- over its efficiency relative to the vendor BLAS (EFFICIENCY); dense where that exceeds 1."""
+    do) -- over its efficiency relative to the vendor BLAS (EFFICIENCY), against the fallback's own cost (the BLAS,
+    and for SwiGLU its elementwise pass over [T, 2N] -> [T, N]: FALLBACK_COST); dense where the gated side is
+    dearer."""
     eff = EFFICIENCY["cuda" if target_kind == "cuda" else "llvm"]
+    dense = FALLBACK_COST.get(kind, 1.0)
     if tokens <= DIRECT_TOKENS:
-        return (1 - sparsity ** tokens) / eff["direct"] > 1
+        return (1 - sparsity ** tokens) / eff["direct"] > dense
     op = "gemm_k" if kind == "gemm_k" else "gemm_mn"
     work = 1.0 if op == "gemm_k" else 1 - sparsity
-    return work / eff[op] > 1
+    return work / eff[op] > dense
 
 
 def model_ranges(kind: str, target_kind: str) -> tuple:

@@ -41,8 +41,11 @@ def test_decide_takes_measurements_then_the_nearest_shape_then_the_model():
     key = "gemm_k/g112x128/d4096/float16"
     crossovers = {key: {"points": [[1, 10, 20], [64, 50, 40]]}}
     assert decide(key, "gemm_k", "cuda", "auto", crossovers) == (((9, None),), "measured")
-    near = "gemm_k/g148x128/d3584/float16"  # Qwen2.5-7B's down: Llama's points
+    near = "gemm_k/g148x128/d3584/float16"  # Qwen2.5-7B's down: Llama's points, where they win clearly
     assert decide(near, "gemm_k", "cuda", "auto", crossovers) == (((9, None),), f"measured for {key}")
+    close = {key: {"points": [[1, 10, 20], [64, 50, 48]]}}  # a 4 % win: Llama's own, no other shape's
+    assert decide(key, "gemm_k", "cuda", "auto", close)[0] == ((9, None),)
+    assert decide(near, "gemm_k", "cuda", "auto", close)[0] == ()
     far = "gemm_k/g4x16/d64/float16"
     assert decide(far, "gemm_k", "cuda", "auto", crossovers) == (((5, None),), "cost model")
     assert decide(key, "gemm_k", "cuda", "off", crossovers) == ((), "off")

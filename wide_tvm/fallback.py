@@ -7,7 +7,8 @@ Per kernel shape (kernel_spec.kernel_key) the decision comes, in this order, fro
    count, at the sparsity and masks the run used; each measured count decides the counts nearest to it on a log
    scale;
 2. the measurements of the nearest measured shape (same kind, group size and dtype, within tuning/nearest.py's
-   distance), as untuned shapes take the nearest tuned shape's knobs;
+   distance), as untuned shapes take the nearest tuned shape's knobs -- where its fallback won by more than
+   BORROWED_MARGIN;
 3. a cost model (`model_prefers_dense`): the gated kernel's work relative to dense at `SPARSITY`, over its efficiency
    relative to the vendor BLAS on the target.
 
@@ -28,6 +29,9 @@ from .tuning.nearest import nearest
 
 CROSSOVER_FILE = "crossover.json"
 MODES = ("auto", "off", "always")
+# A shape without its own measurements falls back where the nearest measured shape's fallback won by more than this
+# (H100: the Llama gate/up's 3 % win at 256 tokens was a 20 % loss for Qwen2.5-7B's gate/up)
+BORROWED_MARGIN = 0.05
 SPARSITY = 0.5  # the share of groups a token skips that the cost model assumes (WIDE's usual training target)
 # Gated kernels' throughput relative to the vendor BLAS at equal work, per target kind (the cost model):
 # CUDA from the H200 runs with every group active (docs/performance.md: gate/up 0.74-0.82x, down 0.53-0.61x at 64+
@@ -54,9 +58,10 @@ def load_crossovers(folders: list[str]) -> dict:
     return merged
 
 
-def ranges_from_points(points) -> tuple:
+def ranges_from_points(points, margin: float = 0.0) -> tuple:
     """Fallback ranges ((lo, hi), hi None = no end) from measured [tokens, gated_us, dense_us] points: each count
-    takes the decision of the measured count nearest to it on a log scale (the module's worked example)."""
+    takes the decision of the measured count nearest to it on a log scale (the module's worked example); dense where
+    it is faster by more than `margin` (a share of the gated time)."""
     pts = sorted((int(t), float(g), float(d)) for t, g, d in points)
     if not pts:
         return ()
@@ -64,7 +69,7 @@ def ranges_from_points(points) -> tuple:
     for i, (t, g, d) in enumerate(pts):
         lo = 1 if i == 0 else math.floor(math.sqrt(pts[i - 1][0] * t)) + 1
         hi = None if i == len(pts) - 1 else math.floor(math.sqrt(t * pts[i + 1][0]))
-        if d < g:
+        if d < g * (1 - margin):
             dense.append((lo, hi))
     return merge(dense)
 
@@ -117,8 +122,8 @@ def decide(key: str, kind: str, target_kind: str, mode: str, crossovers: dict) -
     if key in crossovers:
         return ranges_from_points(crossovers[key]["points"]), "measured"
     near = nearest(crossovers, key)
-    if near is not None:
-        return ranges_from_points(crossovers[near]["points"]), f"measured for {near}"
+    if near is not None:  # (another shape's near-ties can go either way here: only its clear wins count)
+        return ranges_from_points(crossovers[near]["points"], BORROWED_MARGIN), f"measured for {near}"
     return model_ranges(kind, target_kind), "cost model"
 
 

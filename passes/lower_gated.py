@@ -334,10 +334,12 @@ def _gated_call(state: _State, spec: KernelSpec, build, args: list, dense: list,
         return relax.call_tir(gv, args, out_ty=out_ty), spec.symbol
     state.kernel(BLAS_HELPER, lambda: blas_helper(spec.dtype, state.target_kind))
     name = f"{spec.symbol}_dense{'_in' if masked_input else ''}{'' if masked_output else '_unmasked'}"
-    shape = stored_shape(spec.layout, spec.n, spec.k)
-    wrapper = state.kernel(name, lambda: with_dense_fallback(
-        spec.symbol, spec.kind, spec.groups, spec.group_size, spec.dim, spec.dtype, shape, dense[0][1],
-        state.target_kind, ranges, masked_input, masked_output))
+    funcs = with_dense_fallback(name, spec.symbol, spec.kind, spec.groups, spec.group_size, spec.dim, spec.dtype,
+                                stored_shape(spec.layout, spec.n, spec.k), dense[0][1], state.target_kind, ranges,
+                                masked_input, masked_output) if name not in state.kernels else {}
+    for func_name, func in funcs.items():
+        state.kernel(func_name, lambda func=func: func)
+    wrapper = state.kernels[name]
     for var, _ in dense:
         if var in state.repacked:
             state.keep.add(var)

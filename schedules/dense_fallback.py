@@ -5,8 +5,9 @@ At 50 % per-token sparsity every group is used by some token from about 16 token
 dense work at their own (lower) dense efficiency; `wide_tvm/fallback.py` decides, per kernel and token count, which
 path runs, and this module builds the one PrimFunc that holds both:
 
-    if n in ranges:   BLAS (cuBLASLt on CUDA, OpenBLAS on the CPU, called from the host code: call_cpacked of the
-                      extern linked into the library, wide_tvm/blas/), then one elementwise kernel where needed
+    if n in ranges:   NAME_blas: BLAS (cuBLASLt on CUDA, OpenBLAS on the CPU, called from the host code:
+                      call_cpacked of the extern linked into the library, wide_tvm/blas/), then one elementwise
+                      kernel where needed
     else:             the gated kernel, a PrimFunc of its own in the library, called by its symbol (built as
                       always, so its tuning records, schedules/code_version.py, still describe it)
 
@@ -126,14 +127,15 @@ def _workspace(target_kind: str):
     return (WORKSPACE_BYTES,) if target_kind == "cuda" else (1,)
 
 
-def _mn_func(gated: str, groups: int, group_size: int, k_dim: int, dtype: str, sparse_shape, dense_layout: str,
-             target_kind: str, ranges, swiglu: bool, masked_output: bool) -> tirx.PrimFunc:
+def _mn_func(gated: str, dense: str | None, groups: int, group_size: int, k_dim: int, dtype: str, sparse_shape,
+             dense_layout: str, target_kind: str, ranges, swiglu: bool, masked_output: bool) -> tirx.PrimFunc:
     G, gs, K = groups, group_size, k_dim
     N = G * gs
     dshape = (N, K) if dense_layout == "nk" else (K, N)
     matmul = _matmul(int(dense_layout == "nk"))
     epilogue = _masked(G, gs, N, dtype, target_kind, swiglu)
     wss = _workspace(target_kind)
+    dispatch = dense is not None
 
     @T.prim_func(private=True)
     def func(x_h: T.handle, wg_h: T.handle, wu_h: T.handle, mask_h: T.handle, counts_h: T.handle,
@@ -150,7 +152,12 @@ def _mn_func(gated: str, groups: int, group_size: int, k_dim: int, dtype: str, s
         wgd = T.match_buffer(wgd_h, dshape, dtype)
         wud = T.match_buffer(wud_h, dshape, dtype)
         out = T.match_buffer(out_h, (n, N), dtype)
-        if in_ranges(n, ranges):
+        if dispatch:
+            if in_ranges(n, ranges):
+                T.evaluate(T.call_cpacked(dense, x, wg, wu, mask, counts, order, used, wgd, wud, out))
+            else:
+                T.evaluate(T.call_cpacked(gated, x, wg, wu, mask, counts, order, used, out))
+        else:
             ws = T.alloc_buffer(wss, "uint8", scope="global")
             matmul(x, wgd, out, ws)
             if swiglu:
@@ -159,20 +166,19 @@ def _mn_func(gated: str, groups: int, group_size: int, k_dim: int, dtype: str, s
                 epilogue(out, up, mask, out, n)
             elif masked_output:
                 epilogue(out, out, mask, out, n)
-        else:
-            T.evaluate(T.call_cpacked(gated, x, wg, wu, mask, counts, order, used, out))
 
     return func
 
 
-def _k_func(gated: str, groups: int, group_size: int, n_dim: int, dtype: str, sparse_shape, dense_layout: str,
-            target_kind: str, ranges, masked_input: bool) -> tirx.PrimFunc:
+def _k_func(gated: str, dense: str | None, groups: int, group_size: int, n_dim: int, dtype: str, sparse_shape,
+            dense_layout: str, target_kind: str, ranges, masked_input: bool) -> tirx.PrimFunc:
     G, gs, N = groups, group_size, n_dim
     K = G * gs
     dshape = (N, K) if dense_layout == "nk" else (K, N)
     matmul = _matmul(int(dense_layout == "nk"))
     mask_input = _masked(G, gs, K, dtype, target_kind, False)
     wss = _workspace(target_kind)
+    dispatch = dense is not None
 
     @T.prim_func(private=True)
     def func(a_h: T.handle, w_h: T.handle, mask_h: T.handle, counts_h: T.handle, order_h: T.handle,
@@ -187,7 +193,12 @@ def _k_func(gated: str, groups: int, group_size: int, n_dim: int, dtype: str, sp
         used = T.match_buffer(used_h, (G + 1,), "int32")
         wd = T.match_buffer(wd_h, dshape, dtype)
         out = T.match_buffer(out_h, (n, N), dtype)
-        if in_ranges(n, ranges):
+        if dispatch:
+            if in_ranges(n, ranges):
+                T.evaluate(T.call_cpacked(dense, a, w, mask, counts, order, used, wd, out))
+            else:
+                T.evaluate(T.call_cpacked(gated, a, w, mask, counts, order, used, out))
+        else:
             ws = T.alloc_buffer(wss, "uint8", scope="global")
             if masked_input:
                 matmul(a, wd, out, ws)
@@ -195,27 +206,29 @@ def _k_func(gated: str, groups: int, group_size: int, n_dim: int, dtype: str, sp
                 am = T.alloc_buffer((n, K), dtype, scope="global")
                 mask_input(a, a, mask, am, n)
                 matmul(am, wd, out, ws)
-        else:
-            T.evaluate(T.call_cpacked(gated, a, w, mask, counts, order, used, out))
 
     return func
 
 
-def with_dense_fallback(gated: str, kind: str, groups: int, group_size: int, dim: int, dtype: str,
+def with_dense_fallback(name: str, gated: str, kind: str, groups: int, group_size: int, dim: int, dtype: str,
                         sparse_layout_shape, dense_layout: str, target_kind: str, ranges, masked_input: bool = False,
-                        masked_output: bool = True) -> tirx.PrimFunc:
-    """The PrimFunc that runs the dense fallback for token counts in `ranges` and otherwise calls the gated kernel
-    whose global symbol is `gated` (gemm_mn / gemm_k as schedules.gemm_mn / gemm_k build it, in the same module;
-    `kind` a kernel-knob kind, `dim` its K (gemm_mn) or N (gemm_k), `sparse_layout_shape` the shape of the weights
-    it reads). The dense weights (`dense_layout` "nk" or "kn") are parameters before `out` (the module's table)."""
+                        masked_output: bool = True) -> dict[str, tirx.PrimFunc]:
+    """{name: the dispatch, name + "_blas": the dense path}: the dispatch runs the dense path for token counts in
+    `ranges` and otherwise calls the gated kernel whose global symbol is `gated` (gemm_mn / gemm_k as
+    schedules.gemm_mn / gemm_k build it, in the same module; `kind` a kernel-knob kind, `dim` its K (gemm_mn) or N
+    (gemm_k), `sparse_layout_shape` the shape of the weights it reads). Both take the dense weights (`dense_layout`
+    "nk" or "kn") before `out` (the module's table). The dense path is a function of its own so that its
+    temporaries, which TVM allocates at the top of the function that declares them, cost nothing on the gated path."""
     if dense_layout not in ("nk", "kn"):
         raise ValueError(f"the dense fallback reads weights as 'nk' or 'kn', not {dense_layout!r}")
-    symbol = gated  # (a PrimFunc of the same module: called directly by its TVM FFI symbol from the host code)
     shape = tuple(int(d) for d in sparse_layout_shape)
-    if kind == "gemm_k":
-        func = _k_func(symbol, groups, group_size, dim, dtype, shape, dense_layout, target_kind, tuple(ranges),
-                       masked_input)
-    else:
-        func = _mn_func(symbol, groups, group_size, dim, dtype, shape, dense_layout, target_kind, tuple(ranges),
-                        kind == "gemm_mn_swiglu", masked_output)
-    return func.with_attr("op_pattern", OPAQUE)
+    funcs = {}
+    for func_name, dense in ((name, name + "_blas"), (name + "_blas", None)):
+        if kind == "gemm_k":
+            func = _k_func(gated, dense, groups, group_size, dim, dtype, shape, dense_layout, target_kind,
+                           tuple(ranges), masked_input)
+        else:
+            func = _mn_func(gated, dense, groups, group_size, dim, dtype, shape, dense_layout, target_kind,
+                            tuple(ranges), kind == "gemm_mn_swiglu", masked_output)
+        funcs[func_name] = func.with_attr("op_pattern", OPAQUE)
+    return funcs

@@ -113,15 +113,15 @@ def fallback_kernels(tmp_path_factory):
     kp = stored_shape("kp", N, G * GS)
     funcs = {BLAS_HELPER: blas_helper("float32", "llvm"),
              "mn": gemm_mn(G, GS, K, "float32", "nk", True, "llvm"),
-             "mn_fb": with_dense_fallback("mn", "gemm_mn_swiglu", G, GS, K, "float32", (G * GS, K), "nk", "llvm",
-                                          RANGES),
+             **with_dense_fallback("mn_fb", "mn", "gemm_mn_swiglu", G, GS, K, "float32", (G * GS, K), "nk", "llvm",
+                                   RANGES),
              "q": gemm_mn(G, GS, K, "float32", "nk", False, "llvm"),
-             "q_fb": with_dense_fallback("q", "gemm_mn", G, GS, K, "float32", (G * GS, K), "nk", "llvm", RANGES,
-                                         masked_output=False),
+             **with_dense_fallback("q_fb", "q", "gemm_mn", G, GS, K, "float32", (G * GS, K), "nk", "llvm", RANGES,
+                                   masked_output=False),
              "k": gemm_k(G, GS, N, "float32", "kp", "llvm"),
-             "k_fb": with_dense_fallback("k", "gemm_k", G, GS, N, "float32", kp, "nk", "llvm", RANGES),
-             "k_fb_in": with_dense_fallback("k", "gemm_k", G, GS, N, "float32", kp, "kn", "llvm", RANGES,
-                                            masked_input=True)}
+             **with_dense_fallback("k_fb", "k", "gemm_k", G, GS, N, "float32", kp, "nk", "llvm", RANGES),
+             **with_dense_fallback("k_fb_in", "k", "gemm_k", G, GS, N, "float32", kp, "kn", "llvm", RANGES,
+                                   masked_input=True)}
     mod = tvm.IRModule({name: with_root_block(f).with_attr("global_symbol", name) for name, f in funcs.items()})
     extern = extern_for("llvm")
     path = str(tmp_path_factory.mktemp("fallback") / "kernels.so")

@@ -87,10 +87,10 @@ def our_kernels(workloads: list[Workload], target_kind: str, sweep: str | None =
             "global_symbol", w.reorder)
         spec = w.spec(target_kind)  # the dense fallback at every count: the crossover's other side
         funcs[BLAS_HELPER] = blas_helper(w.dtype, target_kind).with_attr("global_symbol", BLAS_HELPER)
-        funcs[w.fallback] = with_dense_fallback(
-            w.kernel, spec.kind, spec.groups, spec.group_size, spec.dim, spec.dtype,
+        funcs |= {name: f.with_attr("global_symbol", name) for name, f in with_dense_fallback(
+            w.fallback, w.kernel, spec.kind, spec.groups, spec.group_size, spec.dim, spec.dtype,
             stored_shape(spec.layout, spec.n, spec.k), "nk", target_kind, ((1, None),), w.input_masked,
-            w.output_masked).with_attr("global_symbol", w.fallback)
+            w.output_masked).items()}
         if sweep and target_kind == "cuda":
             funcs[w.reorder_always] = mask_reorder(w.groups, target_kind).with_attr("global_symbol", w.reorder_always)
             for v in variants(w) if sweep == "all" else ():

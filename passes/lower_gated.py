@@ -63,8 +63,8 @@ class GatedPlan:
     derived: dict[str, str] = field(default_factory=dict)  # untuned kernel key -> the tuned key whose knobs it took
     # kernel symbol -> (token ranges on the dense fallback, where they come from: wide_tvm/fallback.py)
     fallbacks: dict[str, tuple] = field(default_factory=dict)
-    # repacked copy's parameter name -> (the parameter it copies, its layout, the copy's): the original stays a
-    # parameter where a dense fallback reads it, and the compiler adds the copy right after it
+    # parameter a dense fallback reads as stored -> (its repacked copy's name, its layout, the copy's): the original
+    # stays a parameter, and the compiler adds the copy right after it
     copies: dict[str, tuple[str, str, str]] = field(default_factory=dict)
 
     @property
@@ -572,7 +572,7 @@ class LowerGatedLayers:
                 func = _replace_params(func, state.repacked, state.keep)
                 self.plan.repacked.update({p.name: (src, have) for p, (_, src, have) in state.repacked.items()
                                            if p not in state.keep})
-                self.plan.copies.update({f"{p.name}.{have}": (p.name, src, have)
+                self.plan.copies.update({p.name: (f"{p.name}.{have}", src, have)
                                          for p, (_, src, have) in state.repacked.items() if p in state.keep})
             self.plan.fallbacks.update(state.fallbacks)
             builder.update_func(gv, func)

@@ -10,7 +10,7 @@ import pytest
 
 import wide_tvm
 from wide_tvm.errors import WideError
-from wide_tvm.fallback import decide, describe, merge, model_ranges, ranges_from_points
+from wide_tvm.fallback import covers, decide, describe, merge, model_ranges, ranges_from_points
 from wide_tvm.kernel_reference import make_mask, ref_gemm_k, ref_gemm_mn, ref_mask_reorder, rel_err
 from wide_tvm.tuning.crossover import import_runs, points_from_run
 
@@ -180,7 +180,7 @@ def test_the_token_ranges_pick_the_path(fallback_kernels, tokens):
     out = t_(np.zeros((tokens, N), "float32"))
     fallback_kernels("k_fb_in")(t_(a), t_(pack(w, "kp")), t_(mask), *[t_(v) for v in ref_mask_reorder(mask)],
                                 t_(np.ascontiguousarray(w.T)), out)
-    dense = any(lo <= tokens <= hi for lo, hi in RANGES)
+    dense = covers(RANGES, tokens)
     ref = a.astype(np.float64) @ w.T.astype(np.float64) if dense else ref_gemm_k(a, w, mask, GS, "nk")
     assert rel_err(out.numpy(), ref) < 1e-5
 

@@ -130,12 +130,11 @@ def _repack_weights(imported, plan) -> None:
     """The stored arrays as the lowered module's parameters take them (passes/lower_gated.py: GatedPlan): repacked
     once, here, and where a dense fallback still reads the stored array, the repacked copy right after it."""
     arrays, names = [], []
-    copies = {src: (name, layout, have) for name, (src, layout, have) in plan.copies.items()}
     for w, name in zip(imported.weights, imported.weight_names):
         arrays.append(_repacked(w, *plan.repacked[name]) if name in plan.repacked else w)
         names.append(name)
-        if name in copies:
-            copy, layout, have = copies[name]
+        if name in plan.copies:
+            copy, layout, have = plan.copies[name]
             arrays.append(_repacked(w, layout, have))
             names.append(copy)
     imported.weights, imported.weight_names = arrays, names

@@ -127,6 +127,12 @@ def decide(key: str, kind: str, target_kind: str, mode: str, crossovers: dict) -
     return model_ranges(kind, target_kind), "cost model"
 
 
+def covers(ranges, tokens: int) -> bool:
+    """Whether a call of `tokens` tokens runs the dense fallback under `ranges` (schedules/dense_fallback.py:
+    in_ranges is the same test in the kernel)."""
+    return any(lo <= tokens and (hi is None or tokens <= hi) for lo, hi in ranges)
+
+
 def describe(ranges) -> str:
     """'4-1023, 2048+' style text of fallback ranges ('never' when empty)."""
     if not ranges:

@@ -86,7 +86,8 @@ def our_kernels(workloads: list[Workload], target_kind: str, sweep: str | None =
         funcs[w.reorder] = mask_reorder(w.groups, target_kind, w.reorder_bound if direct else 0).with_attr(
             "global_symbol", w.reorder)
         spec = w.spec(target_kind)  # the dense fallback at every count: the crossover's other side
-        funcs[BLAS_HELPER] = blas_helper(w.dtype, target_kind).with_attr("global_symbol", BLAS_HELPER)
+        if BLAS_HELPER not in funcs:  # (one a module, of the workloads' one dtype: bench.build.dense_module)
+            funcs[BLAS_HELPER] = blas_helper(w.dtype, target_kind).with_attr("global_symbol", BLAS_HELPER)
         funcs |= {name: f.with_attr("global_symbol", name) for name, f in with_dense_fallback(
             w.fallback, w.kernel, spec.kind, spec.groups, spec.group_size, spec.dim, spec.dtype,
             stored_shape(spec.layout, spec.n, spec.k), "nk", target_kind, ((1, None),), w.input_masked,

@@ -9,14 +9,13 @@ def auto_us(row: dict, crossovers: dict) -> float:
     """The time of the path a compiled model runs for `row` (a gated benchmark row timing both): the dense fallback
     where wide_tvm/fallback.py's decision from `crossovers` (the tuning folders' measured points) takes it, else the
     gated kernel."""
-    from ..fallback import decide
+    from ..fallback import covers, decide
     from ..tuning.nearest import parse_key
 
     if "fallback_us" not in row:
         return row["ours_us"]
     ranges, _ = decide(row["key"], parse_key(row["key"])[0], "cuda", "auto", crossovers)
-    dense = any(lo <= row["tokens"] and (hi is None or row["tokens"] <= hi) for lo, hi in ranges)
-    return row["fallback_us"] if dense else row["ours_us"]
+    return row["fallback_us"] if covers(ranges, row["tokens"]) else row["ours_us"]
 
 
 def markdown(result: dict, sparsity: float = 0.5, mask: str = "random", crossovers: dict | None = None) -> str:

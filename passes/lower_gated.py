@@ -29,6 +29,7 @@ from ..schedules.tiles import tiles_from_log
 from ..tuning.nearest import knobs_entry
 from ..schedules.root_block import with_root_block
 from ..schedules.launch_bounds import as_built
+from .head_mask import masked_in_transpose
 from .gate_report import UnloweredGate, derivation_vars, unlowered_gates
 from .mask_analysis import MaskInfo, Mismatch, analyse_mask, op_name, resolve
 from .patterns import gated_projection, gated_swiglu_ffn
@@ -126,6 +127,12 @@ class _State:
                 self.mismatches.setdefault(var, info)
             return None
         return info
+
+    def function(self, name: str, func: tvm.tirx.PrimFunc) -> tvm.ir.GlobalVar:
+        """An unscheduled PrimFunc added once by `name` (fused and scheduled by the pipeline as TVM's own are)."""
+        if name not in self.kernels:
+            self.kernels[name] = self.builder.add_func(func, name)
+        return self.kernels[name]
 
     def kernel(self, name: str, build) -> tvm.ir.GlobalVar:
         if name not in self.kernels:
@@ -347,11 +354,18 @@ def _gated_call(state: _State, spec: KernelSpec, build, args: list, dense: list,
 
 
 def _gemm_k_call(state: _State, a2, tokens, dtype: str, plan, info: MaskInfo, reorder, out_expr,
-                 masked_input: bool = False):
+                 masked_input: bool = False, masked=None):
     """(a2 [tokens, K] * mask) @ W through gemm_k, reshaped like `out_expr`, and (kernel name, weight, spec).
-    `masked_input`: a2 is already zero where a token skips a group (a gemm_mn of the same mask wrote it)."""
+    `masked_input`: a2 is already zero where a token skips a group (a gemm_mn of the same mask wrote it).
+    `masked`: () -> a2 * mask [tokens, K] computed where it costs nothing, or None: what the kernel reads instead
+    where a dense fallback is decided (the fallback then needs no masking pass of its own; the gated kernel skips
+    those groups anyway)."""
     weight, layout, n_dim, stored = plan
     spec = KernelSpec("gemm_k", info.groups, info.group_size, n_dim, dtype, layout)
+    if masked is not None and not masked_input and _fallback_ranges(state, spec, [stored]):
+        a2_masked = masked()
+        if a2_masked is not None:
+            a2, masked_input = a2_masked, True
     extra = _tuned(state, "gemm_k", info.groups, info.group_size, n_dim, dtype)
     reordered = [relax.TupleGetItem(reorder, i) for i in range(3)]  # counts, order, used
     y, name = _gated_call(state, spec, lambda: gemm_k(info.groups, info.group_size, n_dim, dtype, layout,
@@ -423,7 +437,9 @@ def _rewrite_projection(state: _State, pat):
             return expr
         a2 = relax.op.reshape(operand, relax.ShapeExpr([tokens, k]))
         reorder_name, reorder = _reorder_call(state, info, tokens, _reorder_bound(state, None))
-        out, kern = _gemm_k_call(state, a2, tokens, str(operand.ty.dtype), plan, info, reorder, expr)
+        out, kern = _gemm_k_call(state, a2, tokens, str(operand.ty.dtype), plan, info, reorder, expr,
+                                 masked=lambda: masked_in_transpose(operand, info.root, info.groups, tokens, k, v2v,
+                                                                    state.function))
         kind = "attention" if _is_attention(m[pat.operand], v2v) else "projection"
         layer = GatedLayer(kind, info.groups, info.group_size, [reorder_name, kern[0]], [_name(kern[1])], [kern[2]])
         state.layers.append(layer)

@@ -22,7 +22,9 @@ the arrays the model stores, which the kernels may read repacked), then `out`:
 
 `masked_output=False` is for a query projection whose skipped head groups the attention's output gating discards
 (passes/query_projection.py proves it), `masked_input=True` for a gemm_k whose input a gemm_mn of the same mask
-wrote (zeros where a group is skipped): neither then needs the elementwise pass. Temporaries and cuBLASLt's workspace
+wrote (zeros where a group is skipped) or the attention's transpose masked (passes/head_mask.py): neither then needs
+the elementwise pass. On CUDA that pass moves 16 bytes of each operand a thread (8 halves, one group) where the
+group size allows, else one element. Temporaries and cuBLASLt's workspace
 come from TVM's workspace pool in the host code, as the split kernels' partials do.
 
 Worked example: gemm_k of the down projection (112 groups of 128, N = 4096, fp16), ranges ((16, 1024),),
@@ -38,6 +40,8 @@ from tvm.script import tirx as T
 from ..blas import FUNCTIONS, WORKSPACE_BYTES
 
 THREADS = 256  # threads per block of the elementwise kernels
+VECTOR_BYTES = 16  # what one thread of the CUDA elementwise kernel loads of each operand (one 128-bit access)
+_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 OPAQUE = 8  # relax's op_pattern kOpaque: the fusion passes leave the function alone (its body calls functions)
 
 
@@ -99,7 +103,39 @@ def _masked(groups: int, group_size: int, width: int, dtype: str, target_kind: s
         s = tirx.Cast("float32", src[t, c])
         return tirx.Cast(dtype, s * tirx.sigmoid(s) * tirx.Cast("float32", up[t, c]))
 
-    if target_kind == "cuda":
+    vec = VECTOR_BYTES // _BYTES[dtype]
+    if target_kind == "cuda" and gs % vec == 0:
+        per_row = width // vec
+
+        def row(bx, tx):  # (plain functions: the parser inlines their values, so no index lands in a register
+            return (bx * THREADS + tx) // per_row  # array and the vector accesses stay 16-byte loads and stores)
+
+        def col(bx, tx):
+            return (bx * THREADS + tx) % per_row * vec
+
+        @T.macro
+        def run(src, up, mask, dst, n):
+            # `vec` elements a thread (16 bytes: one vector load of each operand, one store), all in one group
+            for bx in T.thread_binding((n * per_row + THREADS - 1) // THREADS, thread="blockIdx.x"):
+                for tx in T.thread_binding(THREADS, thread="threadIdx.x"):
+                    if bx * THREADS + tx < n * per_row:
+                        a = T.decl_buffer((1, vec), dtype, scope="local")
+                        u = T.decl_buffer((1, vec), dtype, scope="local")
+                        o = T.decl_buffer((vec,), dtype, scope="local")
+                        for i in T.vectorized(vec):
+                            a[0, i] = src[row(bx, tx), col(bx, tx) + i]
+                        if swiglu:
+                            for i in T.vectorized(vec):
+                                u[0, i] = up[row(bx, tx), col(bx, tx) + i]
+                        if mask[row(bx, tx), col(bx, tx) // gs] != 0:
+                            for i in T.unroll(vec):
+                                o[i] = value(a, u, 0, i)
+                        else:
+                            for i in T.unroll(vec):
+                                o[i] = T.Cast(dtype, 0)
+                        for i in T.vectorized(vec):
+                            dst[row(bx, tx), col(bx, tx) + i] = o[i]
+    elif target_kind == "cuda":
         @T.macro
         def run(src, up, mask, dst, n):
             # one element a thread: a warp reads 64 contiguous bytes of each operand (fp16)

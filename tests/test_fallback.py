@@ -4,6 +4,8 @@ kernel that holds both paths (schedules/dense_fallback.py) and whole models comp
 from __future__ import annotations
 
 import json
+import re
+import shutil
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from wide_tvm.fallback import covers, decide, describe, merge, model_ranges, ran
 from wide_tvm.kernel_reference import make_mask, ref_gemm_k, ref_gemm_mn, ref_mask_reorder, rel_err
 from wide_tvm.tuning.crossover import import_runs, points_from_run
 
-from conftest import assert_matches_model
+from conftest import assert_matches_model, module_sources
 
 
 def test_measured_points_decide_the_counts_nearest_them():
@@ -196,6 +198,11 @@ def test_a_model_on_its_dense_fallbacks_equals_pytorch(exported, tmp_path):
     copies = [n for n in compiled.model.weight_names if n.endswith(".kp")]
     assert copies and all(n[:-3] in compiled.model.weight_names for n in copies)
     assert "dense fallback" in compiled.summary()
+    # o_proj's fallback reads its input masked inside the attention's transpose (passes/head_mask.py), so it runs
+    # no masking pass of its own; the FFN's down reads gate/up's masked output
+    o_proj = [layer.kernels[1] for layer in compiled.layers if layer.kind == "attention"]
+    assert o_proj and all(name.endswith("_dense_in") for name in o_proj)
+    assert re.search(r"fused_transpose\w*_wide_head_mask", module_sources(compiled.executable))
     runner = wide_tvm.load(compiled.export(str(tmp_path / "m.so")))
     assert set(runner.meta["dense_fallback"]) == kernels
     assert_matches_model(runner, model, cfg)
@@ -230,3 +237,37 @@ def test_an_unknown_fallback_mode_is_one_clear_error(exported, tmp_path, capsys)
     with pytest.raises(SystemExit) as exit_info:
         compile_main([path, "--fallback", "sometimes", "-o", str(tmp_path / "m.so")])
     assert exit_info.value.code == 2 and not (tmp_path / "m.so").exists()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_cuda_dense_paths_move_16_bytes_a_thread():
+    """The CUDA dense path's elementwise pass (SwiGLU x mask, or an input's mask) loads and stores 16 bytes a
+    thread where a group is a multiple of 8 halves, and falls back to one element a thread where it is not."""
+    from wide_tvm.compiler import prepare_builds
+    from wide_tvm.cuda_aot import cuda_codegen
+
+    prepare_builds()
+    cuda_codegen()
+    import tvm
+
+    from wide_tvm.schedules.dense_fallback import BLAS_HELPER, blas_helper, with_dense_fallback
+    from wide_tvm.schedules.root_block import with_root_block
+    from wide_tvm.targets import parse_target
+    funcs = {BLAS_HELPER: blas_helper("float16", "cuda")}
+    for name, kind, gs, masked in (("mn", "gemm_mn_swiglu", 32, False), ("k", "gemm_k", 32, False),
+                                   ("mn4", "gemm_mn_swiglu", 4, False)):
+        groups = 64 // gs
+        shape = (groups * gs, 64)
+        funcs[name + "_blas"] = with_dense_fallback(name, name, kind, groups, gs, 64, "float16", shape, "nk", "cuda",
+                                                    RANGES, masked)[name + "_blas"]
+    mod = tvm.IRModule({n: with_root_block(f).with_attr("global_symbol", n) for n, f in funcs.items()})
+    target = parse_target("cuda")
+    with target:
+        source = module_sources(tvm.compile(mod, target))
+    kernels = {m.group(1): source[m.end():source.find("\n}\n", m.end())]
+               for m in re.finditer(r'extern "C" __global__ void __launch_bounds__\(\d+\) (\w+)\([^)]*\) \{', source)}
+    assert set(kernels) == {"mn_blas_kernel", "k_blas_kernel", "mn4_blas_kernel"}, set(kernels)
+    moves = {name: [ln for ln in body.splitlines() if "*(uint4*)" in ln] for name, body in kernels.items()}
+    assert len(moves["mn_blas_kernel"]) == 3  # gate and up loaded, the product stored: 16 bytes each
+    assert len(moves["k_blas_kernel"]) == 2
+    assert "uint4" not in kernels["mn4_blas_kernel"]

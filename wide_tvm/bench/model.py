@@ -67,7 +67,7 @@ def build_model(out_dir: str, target: str = "cuda", name: str | None = None) -> 
     return out_dir
 
 
-def _weights(spec: list, torch_device, seed: int) -> list:
+def random_weights(spec: list, torch_device, seed: int) -> list:
     """Random weights of the recorded shapes: vectors (norm scales, biases) ones, matrices N(0, 0.02^2)."""
     import torch
 
@@ -119,7 +119,7 @@ def run_model(build_dir: str, tokens=None, json_path: str | None = None, progres
     ours = {}
     for variant, lib in spec["libraries"].items():
         vm = rvm.VirtualMachine(tvm.runtime.load_module(os.path.join(build_dir, lib["library"])), dev)
-        ours[variant] = (vm, [tv(w) for w in _weights(lib["weights"], tdev, seed=0)])
+        ours[variant] = (vm, [tv(w) for w in random_weights(lib["weights"], tdev, seed=0)])
     with torch.device(tdev):
         torch.manual_seed(0)
         reference = WideForCausalLM(dense_cfg).to(dtype).eval()

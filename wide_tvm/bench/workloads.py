@@ -37,7 +37,8 @@ class Workload:
     # by `wide-bench build`): up to it its many-token kernels sort their tokens themselves; 0: none does
     sorts: int = 0
     # how its dense fallback runs in a model (schedules/dense_fallback.py): gemm_k's input already zero where a
-    # group is skipped (down: a gemm_mn of the same mask wrote it; O reads the attention's output, masked first),
+    # group is skipped (down: a gemm_mn of the same mask wrote it; O: the attention's transpose back to tokens
+    # masks it, fused, passes/head_mask.py),
     # gemm_mn's output masked (Q's is not: the attention's output gating discards skipped head groups)
     input_masked: bool = False
     output_masked: bool = True
@@ -112,7 +113,7 @@ LLAMA_8B = [
     Workload("gate_up_g32", "gemm_mn", 448, 32, 4096, swiglu=True),
     Workload("down_g32", "gemm_k", 448, 32, 4096, input_masked=True),
     Workload("q_proj_h4", "gemm_mn", 8, 512, 4096, output_masked=False),
-    Workload("o_proj_h4", "gemm_k", 8, 512, 4096),
+    Workload("o_proj_h4", "gemm_k", 8, 512, 4096, input_masked=True),
 ]
 # FFN shapes the shipped tunings never saw (keep them out of the databases): Qwen2.5-7B (hidden 3584, intermediate
 # 18944) and Mistral-Nemo (hidden 5120, intermediate 14336), groups of 128; built with the nearest tuned shape's

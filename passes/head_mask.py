@@ -14,7 +14,6 @@ take, is an opaque kernel.)
 
 from __future__ import annotations
 
-import tvm
 from tvm import relax, te, tirx
 from tvm.sym.analyzer import Analyzer
 

@@ -26,12 +26,14 @@ def _gpu_default_schedule() -> tvm.transform.Pass:
 
 
 def wide_passes(target: tvm.target.Target, lower: LowerGatedLayers, tuning_log: str | None,
-                blas: DispatchDenseMatmuls | None = None) -> list:
+                blas: DispatchDenseMatmuls | None = None, generation=None) -> list:
     """The passes, in order, that turn an imported WIDE model into a VM-ready module for `target`. `blas`: the
-    dense-matmul dispatch to the vendor BLAS extern (None: TVM's own kernels for them)."""
+    dense-matmul dispatch to the vendor BLAS extern (None: TVM's own kernels for them). `generation`: an
+    AddBatchForward (passes/kv_cache_create.py) to add the paged-KV-cache entry points, or None."""
     is_gpu = target.kind.name == "cuda"
     passes = [
         lower,                                                        # gated layers -> block-sparse kernels
+        *([generation] if generation is not None else []),           # main's attention on a paged KV cache too
         *([DecomposeAttention(), blas] if blas is not None else []),  # attention's matmuls written out, and every
                                                                       # dense matmul -> cuBLASLt / OpenBLAS
         relax.transform.DeadCodeElimination(),
@@ -61,12 +63,12 @@ def wide_passes(target: tvm.target.Target, lower: LowerGatedLayers, tuning_log: 
 
 
 def wide_pipeline(target: tvm.target.Target, lower: LowerGatedLayers, tuning_log: str | None = None,
-                  blas: DispatchDenseMatmuls | None = None):
+                  blas: DispatchDenseMatmuls | None = None, generation=None):
     """A module pass running `wide_passes` under `target`, for `tvm.compile(relax_pipeline=...)`."""
 
     @tvm.transform.module_pass(opt_level=0, name="WidePipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         with target:
-            return tvm.transform.Sequential(wide_passes(target, lower, tuning_log, blas))(mod)
+            return tvm.transform.Sequential(wide_passes(target, lower, tuning_log, blas, generation))(mod)
 
     return _pipeline

@@ -11,6 +11,7 @@ wide-bench dense-build "$dir/dense" --target cuda                    # every den
 wide-bench model-build "$dir/model" --target cuda                    # the 2-layer Llama-shape model, gated and dense
 python tools/build_gpu_check.py "$dir/check" --examples              # whole compiled models against PyTorch
 rm -f "$dir"/check/*.pt2 "$dir"/check/*.onnx                         # (not needed there)
+python tools/build_gpu_generation.py "$dir/gen"                       # the fp16 example with --generation
 wide-bench build "$dir/bench"                                         # the gated kernels, cuBLAS, our cuBLASLt dense
 wide-bench build "$dir/untuned" --workloads untuned                  # Qwen2.5-7B / Mistral-Nemo FFNs, nearest knobs
 wide-bench build "$dir/untuned_defaults" --workloads untuned --no-derived   # the same on the generic defaults

@@ -9,15 +9,16 @@ from .errors import WideError
 
 
 def compile(model, target: str = "llvm", tuning_log: str | None = None, dense: bool = False,  # noqa: A001
-            dependent_launch: bool = True, strict: bool = False, blas: bool = True, fallback: str = "auto"):
+            dependent_launch: bool = True, strict: bool = False, blas: bool = True, fallback: str = "auto",
+            generation: bool = False):
     """Compile a .onnx/.pt2 path or an ExportedProgram; returns an object with `.export(path)`. `strict`: a router
     whose gate is not recognised is an error (else a warning, and its layer runs dense). `blas`: dense matmuls go
     to the vendor BLAS (cuBLASLt on CUDA, OpenBLAS on the CPU), else to TVM's own kernels. `fallback` ("auto",
     "off", "always"): gated kernels run the vendor BLAS instead at the token counts where that is faster
-    (wide_tvm/fallback.py)."""
+    (wide_tvm/fallback.py). `generation`: also the paged-KV-cache entry points a generator needs (`load(...).generate`)."""
     from .compiler import compile as _compile
 
-    return _compile(model, target, tuning_log, dense, dependent_launch, strict, blas, fallback)
+    return _compile(model, target, tuning_log, dense, dependent_launch, strict, blas, fallback, generation)
 
 
 def load(path: str, device: str = "cpu"):

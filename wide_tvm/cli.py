@@ -97,6 +97,9 @@ def compile_main(argv=None) -> int:
                    help="where the vendor BLAS on the masked operand beats a gated kernel, run it instead: auto (the "
                         "tuning folders' measured crossovers, else a cost model; keeps a second copy of repacked "
                         "weights), off, always (every token count; for checks)")
+    p.add_argument("--generation", action="store_true",
+                   help="also build the entry points generation needs: the attention on a paged KV cache "
+                        "(batch_forward, create_kv_cache; wide-generate)")
     args = p.parse_args(argv)
     try:
         from . import compile as wide_compile
@@ -111,7 +114,7 @@ def compile_main(argv=None) -> int:
             warnings.simplefilter("always")
             compiled = wide_compile(args.model, args.target, args.tuning_log,
                                     dependent_launch=not args.no_dependent_launch, strict=args.strict,
-                                    blas=not args.no_blas, fallback=args.fallback)
+                                    blas=not args.no_blas, fallback=args.fallback, generation=args.generation)
         shown = set()
         for w in caught:  # the warnings a user acts on, once each (TVM's and torch's own stay silent)
             if w.category.__name__ in ("NoGatedLayersWarning", "UnloweredGateWarning", "TornRecordWarning",
@@ -124,6 +127,41 @@ def compile_main(argv=None) -> int:
     except WideError as err:
         return _fail(err)
     return 0
+
+
+def generate_main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="wide-generate",
+                                description="Greedy generation with a library compiled with --generation; streams "
+                                            "the new token ids to stdout, one line per prompt.")
+    p.add_argument("library", help="OUT.so from wide-compile --generation")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--ids", required=True, action="append", type=_id_list, metavar="ID,ID,...",
+                   help="a prompt as comma-separated token ids (repeat for a batch)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--stop", type=_id_list, default=[], metavar="ID,...", help="token ids that end a sequence")
+    args = p.parse_args(argv)
+    try:
+        from . import load
+        from .engine import Engine
+
+        engine = Engine(load(args.library, args.device), max_batch=max(len(args.ids), 1))
+        if len(args.ids) == 1:  # one prompt: each id as it is generated
+            engine.generate(args.ids, args.max_new_tokens, args.stop,
+                            on_token=lambda _, t: print(t, end=" ", flush=True))
+            print()
+        else:
+            for result in engine.generate(args.ids, args.max_new_tokens, args.stop):
+                print(" ".join(str(t) for t in result.token_ids), flush=True)
+    except WideError as err:
+        return _fail(err)
+    return 0
+
+
+def _id_list(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integer token ids") from None
 
 
 def run_main(argv=None) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from . import weight_layout
 from .artifact import FORMAT, atomic_outputs, check_output, file_sha256, save_weights
@@ -38,6 +38,7 @@ class Compiled:
     blas_matmuls: list = field(default_factory=list)  # passes.DispatchedMatmul of each matmul sent to it
     derived: dict = field(default_factory=dict)  # untuned kernel key -> the tuned key whose knobs it took
     fallbacks: dict = field(default_factory=dict)  # kernel symbol -> (token ranges on the dense fallback, source)
+    kv_cache: object = None  # passes.kv_cache_attention.CacheShape of a generation build, else None
 
     @property
     def device_kind(self) -> str:
@@ -52,7 +53,8 @@ class Compiled:
                 "blas": [self.blas.library.name] if self.blas else [],
                 "blas_matmuls": [m.to_json() for m in self.blas_matmuls], "derived_knobs": self.derived,
                 "dense_fallback": {name: {"tokens": [list(r) for r in ranges], "source": source}
-                                   for name, (ranges, source) in self.fallbacks.items()}}
+                                   for name, (ranges, source) in self.fallbacks.items()},
+                "kv_cache": asdict(self.kv_cache) if self.kv_cache else None}
 
     def export(self, path: str) -> str:
         """Write PATH (TVM library) and its weights file atomically; returns PATH."""
@@ -169,7 +171,7 @@ def _blas_extern(tgt):
 
 def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa: A001
             dense: bool = False, dependent_launch: bool = True, strict: bool = False, blas: bool = True,
-            fallback: str = "auto") -> Compiled:
+            fallback: str = "auto", generation: bool = False) -> Compiled:
     """Compile a .onnx / .pt2 path or an ExportedProgram for `target` (see `parse_target`).
 
     `dense=True` skips the gated-layer lowering: the same pipeline, TVM's dense kernels (a baseline).
@@ -182,6 +184,9 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     than a gated kernel (measured crossovers in the tuning folders, else a cost model), the kernel runs it instead.
     A fallback reads the weights as the model stores them, so a repacked weight (CUDA's tensor-core tiles) is kept
     twice; "off" keeps one copy. Needs `blas`.
+    `generation=True` also builds the entry points a generator needs (`batch_forward` over a paged KV cache and
+    `create_kv_cache`, passes/kv_cache_attention.py); a model whose attention does not map onto the cache is a
+    WideError naming the node.
     """
     if isinstance(model, (str, os.PathLike)):
         from .frontends import check_model_file
@@ -211,6 +216,11 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     lower = LowerGatedLayers(tgt.kind.name, enabled=not dense, knobs=_tuned_entries(logs), wgmma=has_wgmma(tgt),
                              dependent=dependent_launch and launches_dependents(tgt),
                              fallback=fallback if extern else "off", crossovers=load_crossovers(logs))
+    adder = None
+    if generation:
+        from .passes.kv_cache_create import AddBatchForward
+
+        adder = AddBatchForward(tgt)
     if strict and not dense:  # fail before the build: the lowering's plan alone (no kernel built) names them
         _check_every_gate(imported, tgt)
     # TVM's own schedules, where a database has any (its knob records are applied through `knobs` above)
@@ -218,7 +228,8 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     ms_log = readable_folder(ms_log) if ms_log else None  # (torn lines skipped, with a warning)
     try:
         with tgt:
-            executable = tvm.compile(imported.mod, tgt, relax_pipeline=wide_pipeline(tgt, lower, ms_log, dispatch))
+            pipeline = wide_pipeline(tgt, lower, ms_log, dispatch, adder)
+            executable = tvm.compile(imported.mod, tgt, relax_pipeline=pipeline)
     except WideError:
         raise
     except Exception as err:  # noqa: BLE001 - surface one line, never a TVM traceback
@@ -236,4 +247,4 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     matmuls = dispatch.dispatched if dispatch else []
     return Compiled(executable, imported, tgt, lower.plan.layers, " + ".join(logs) or None, lower.plan.unlowered,
                     extern if matmuls or lower.plan.fallbacks else None, matmuls, lower.plan.derived,
-                    lower.plan.fallbacks)
+                    lower.plan.fallbacks, adder.cache if adder else None)

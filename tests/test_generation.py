@@ -99,14 +99,11 @@ def test_attention_that_does_not_fit_the_cache_names_its_node():
         add_batch_forward(bb.get())
 
 
-def test_wide_generate_streams_the_same_tokens(engine, exported, tmp_path, capsys):
-    from wide_tvm.cli import compile_main, generate_main
+def test_wide_generate_streams_the_same_tokens(engine, capsys):
+    from wide_tvm.cli import generate_main
 
     eng, model, _ = engine
-    path, _, _ = exported("default", "onnx")
-    lib = str(tmp_path / "g.so")
-    assert compile_main([path, "--generation", "-o", lib]) == 0
-    capsys.readouterr()
+    lib = eng.model.path
     assert generate_main([lib, "--ids", "5,7,9", "--max-new-tokens", "6"]) == 0
     assert capsys.readouterr().out.split() == [str(t) for t in _greedy(model, [5, 7, 9], 6)]
     assert generate_main([lib, "--ids", "5,7,9", "--ids", "1", "--max-new-tokens", "4"]) == 0
@@ -119,9 +116,13 @@ def test_wide_generate_streams_the_same_tokens(engine, exported, tmp_path, capsy
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt,fallback", [("pt2", "auto"), ("onnx", "always")])
 def test_generation_from_every_format_and_on_the_dense_fallbacks(exported, tmp_path, fmt, fallback):
+    """Also `wide-compile --generation` (the CLI path of the build)."""
+    from wide_tvm.cli import compile_main
+
     path, model, cfg = exported("default", fmt)
-    compiled = wide_tvm.compile(path, "llvm", generation=True, fallback=fallback)
-    eng = Engine(wide_tvm.load(compiled.export(str(tmp_path / "m.so"))))
+    lib = str(tmp_path / "m.so")
+    assert compile_main([path, "--generation", "--fallback", fallback, "-o", lib]) == 0
+    eng = Engine(wide_tvm.load(lib))
     prompts = [[9, 8, 7, 6], [cfg.vocab_size - 1]]
     assert [r.token_ids for r in eng.generate(prompts, max_new_tokens=20)] == [_greedy(model, p, 20) for p in prompts]
 
@@ -142,7 +143,8 @@ def test_generation_from_an_sdpa_export(tmp_path):
     assert [r.token_ids for r in eng.generate(prompts, max_new_tokens=24)] == [_greedy(model, p, 24) for p in prompts]
 
 
-@pytest.mark.parametrize("kind", ["llama", pytest.param("qwen3", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
 def test_hf_checkpoint_generation_equals_transformers_incremental_decoding(tmp_path, kind):
     """A tiny Hugging Face checkpoint (Qwen3: q/k norm before RoPE) with routers that execute every group: greedy
     generation equals transformers' model decoding incrementally on its own KV cache (`generate` itself would differ

@@ -44,6 +44,7 @@ class WideModel:
     def __init__(self, path: str, device: str = "cpu"):
         if device not in ("cpu", "cuda"):
             raise WideError(f"unknown device {device!r}; use cpu or cuda")
+        self.path = path
         for p in (path, weights_path(path)):
             if not os.path.exists(p):
                 raise WideError(f"{p}: file not found (a compiled model is NAME.so plus NAME.weights.npz)")

@@ -168,8 +168,8 @@ def test_a_missing_blas_wheel_is_one_clear_error(exported, tmp_path, monkeypatch
 def test_cuda_model_links_cublaslt_and_has_no_tvm_matmul(tmp_path):
     """Also the gated kernels' dense fallbacks (every count here): their host code calls cuBLASLt through the
     module's one helper, and the fallbacks keep the stored [N, K] weights beside the tensor-core tiles. (The default
-    suite's sample: tests/test_cuda_build.py builds a CUDA model, its fallbacks from the cost model, and the
-    benchmark's kernels with their fallbacks linked to cuBLASLt.)"""
+    suite's sample: tests/test_cuda_build.py builds a CUDA model with its fallbacks from the cost model, and
+    tests/test_fallback.py the CUDA dense paths; the benchmark's kernels with their fallbacks are built in the slow suite.)"""
     cfg = WideConfig()
     path = str(tmp_path / "fp16.onnx")
     export_model(build_example(cfg).half(), example_inputs(cfg), path)

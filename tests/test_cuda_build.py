@@ -230,7 +230,8 @@ def test_decode_kernels_are_only_for_fp16_tiles():
             bad()
 
 
-@pytest.mark.parametrize("sweep", [None, pytest.param("tiles", marks=pytest.mark.slow)])
+@pytest.mark.slow  # (~2 minutes of CI; tools/build_gpu_run.sh runs the same build before every GPU session)
+@pytest.mark.parametrize("sweep", [None, "tiles"])
 def test_bench_build_for_cuda(tmp_path, monkeypatch, sweep):
     """wide-bench build: our kernels (with `sweep`, the many-token knob candidates too: `--sweep tiles`, the cheaper
     of the two sweeps to build) plus TVM's dense baseline, as device code. The sweep here is cut to a few candidates of

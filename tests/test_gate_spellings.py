@@ -123,7 +123,7 @@ def test_wide_compile_reports_and_strict_fails(style_exports, tmp_path, capsys):
     assert "router gates not recognised (their layers run dense): 3" in captured.out
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", ["pt2", pytest.param("onnx", marks=pytest.mark.slow)])  # (CI time: one format)
 def test_wide_export_writes_sdpa_attention(tmp_path, fmt):
     """wide-export --attention sdpa writes each layer's attention as one scaled_dot_product_attention; it compiles
     with the same gated kernels as the written-out attention (query projection included) and PyTorch's logits."""

@@ -70,11 +70,12 @@ def test_generation_stops_and_checks_its_inputs(engine):
         eng.generate([[1] * 300, [2] * 300], max_new_tokens=2)
 
 
-def test_a_library_without_the_cache_says_how_to_build_one(exported, tmp_path):
-    path, _, _ = exported("dense", "onnx")
-    lib = wide_tvm.compile(path, "llvm").export(str(tmp_path / "m.so"))
+def test_a_library_without_the_cache_says_how_to_build_one():
+    """What a library compiled without generation=True records (compiler.Compiled.meta: kv_cache None)."""
+    from types import SimpleNamespace
+
     with pytest.raises(WideError, match="generation=True"):
-        Engine(wide_tvm.load(lib))
+        Engine(SimpleNamespace(meta={"kv_cache": None, "inputs": [{"index_bound": 256}]}))
 
 
 def test_attention_that_does_not_fit_the_cache_names_its_node():

@@ -126,11 +126,13 @@ def test_cuda_tasks_cover_the_direct_and_many_token_kernels():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_cuda_candidates_build_from_the_template():
+@pytest.mark.parametrize("space", ["decode", "tile"])  # (two tests: they build in parallel under pytest-xdist)
+def test_cuda_candidates_build_from_the_template(space):
     """The builder function compiles a direct-kernel and a wgmma candidate to sm_90a device code here."""
     target = parse_target("cuda")
     decode = {"warps": 1, "unroll": 1, "rows": 1, "stages": 2, "row_warps": 1, "ksplit": 1}  # w8u2r2s3
-    for space, decisions, kind in (("decode", decode, "gemm_k"), ("tile", None, "gemm_mn_swiglu")):
+    cases = {"decode": (decode, "gemm_k"), "tile": (None, "gemm_mn_swiglu")}
+    for decisions, kind in [cases[space]]:
         task = ks.KnobTask(kind, 4, 64, 128, "float16", "tc", space, 1 if space == "decode" else 2, wgmma=True)
         if decisions is None:  # the first wgmma candidate
             decisions = {"variant": next(i for i, v in enumerate(task.choices()["variant"]) if v.kernel == "wgmma")}

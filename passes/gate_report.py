@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 
 from .mask_analysis import (ARITHMETIC, COMPARISONS, DECISIONS, LAYOUT_OPS, Mismatch, axis_size, node_name,
-                            op_name, resolve)
+                            op_name, resolve, users_of)
 
 # ops a gate passes through between its decision and the multiply (mask_analysis follows each)
 _GATE_OPS = LAYOUT_OPS | COMPARISONS | set(ARITHMETIC) | {"relax.logical_not", "relax.where"}
@@ -110,16 +110,6 @@ def derivation_vars(root, var2val) -> set:
     return seen
 
 
-def _users(var2val: dict) -> dict:
-    users: dict = {}
-    for var, value in var2val.items():
-        if isinstance(value, relax.Call):
-            for a in value.args:
-                if isinstance(a, relax.Var):
-                    users.setdefault(a, []).append(var)
-    return users
-
-
 def _stop_of(decision, var2val, users, mismatches: dict) -> tuple[str, str]:
     """(node, reason) where the decision's gate stopped: a recorded mismatch of a multiply it reaches, else the
     first node past its derivation and expansion."""
@@ -153,7 +143,7 @@ def unlowered_gates(func: relax.Function, var2val: dict, used: set, mismatches: 
     """The routers of `func` (find_routers) none of whose gates the lowering used (`used`: the derivation_vars of
     the lowered layers' gates, taken when they were lowered); `mismatches`: variable of a gated multiply -> the
     Mismatch the lowering found there."""
-    users = _users(var2val)
+    users = users_of(var2val)
     out = []
     for decision in find_routers(func, var2val):
         if decision in used:

@@ -38,7 +38,7 @@ from tvm.sym.analyzer import Analyzer
 
 from ..entry_points import FORWARD
 from ..errors import WideError
-from .mask_analysis import node_name, op_name, resolve
+from .mask_analysis import node_name, op_name, resolve, users_of
 
 _VIEWS = ("relax.reshape", "relax.broadcast_to")
 
@@ -64,13 +64,6 @@ class CacheShape:
     kv_heads: int
     head_dim: int
     dtype: str
-
-
-def _through(expr, var2val, ops=_VIEWS):
-    """`expr` with the views in `ops` it is made of peeled off (the innermost value that is not one)."""
-    while op_name(resolve(expr, var2val)) in ops:
-        expr = resolve(expr, var2val).args[0]
-    return expr
 
 
 def _dims(expr) -> list | None:
@@ -129,12 +122,7 @@ def find_attention_cores(func: relax.Function) -> list[AttentionCore]:
     """Every attention core of `func`, in binding order (the cache's layer ids)."""
     var2val = relax.analysis.get_var2val(func)
     params = set(func.params)
-    users = {}
-    for var, value in var2val.items():
-        if isinstance(value, relax.Call):
-            for a in value.args:
-                if isinstance(a, relax.Var):
-                    users.setdefault(a, []).append(var)
+    users = users_of(var2val)
     order = {v: i for i, v in enumerate(var2val)}
     cores = []
     for var, value in var2val.items():

@@ -75,6 +75,17 @@ def op_name(expr) -> str | None:
     return None
 
 
+def users_of(var2val: dict) -> dict:
+    """Variable -> the variables whose bound call reads it directly (in binding order)."""
+    users: dict = {}
+    for var, value in var2val.items():
+        if isinstance(value, relax.Call):
+            for a in value.args:
+                if isinstance(a, relax.Var):
+                    users.setdefault(a, []).append(var)
+    return users
+
+
 def resolve(expr, var2val):
     """Follow variable bindings to the bound value (stays a Var for function parameters)."""
     while isinstance(expr, relax.Var) and expr in var2val:

@@ -36,7 +36,7 @@ from tvm import relax
 from tvm.relax.utils import copy_with_new_vars
 from tvm.sym.analyzer import Analyzer
 
-from ..entry_points import FORWARD
+from ..entry_points import DECODE, PREFILL
 from ..errors import WideError
 from .mask_analysis import node_name, op_name, resolve, users_of
 
@@ -234,17 +234,25 @@ def cache_shape(cores: list[AttentionCore]) -> CacheShape:
 
 @relax.expr_functor.mutator
 class _ToCache(relax.PyExprMutator):
-    def __init__(self, mod, cores, cache: relax.Var, tokens):
+    def __init__(self, mod, cores, cache: relax.Var, tokens, head: relax.Var | None = None,
+                 positions: relax.Var | None = None):
         super().__init__(mod)
         self.cores = {c.out: (i, c) for i, c in enumerate(cores)}
         self.cache = cache
         self.tokens = tokens
+        self.head, self.positions = head, positions  # the output's matmul, and the rows it keeps (None: all)
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         value = binding.value
         if binding.var in self.cores:
             layer, core = self.cores[binding.var]
             new = self._attention(layer, core)
+        elif binding.var.same_as(self.head) and self.positions is not None:
+            if op_name(value) == "relax.matmul":  # the LM head on the kept rows only
+                rows = self.builder_.emit(relax.op.take(self.visit_expr(value.args[0]), self.positions, axis=1))
+                new = relax.Call(value.op, [rows, *map(self.visit_expr, value.args[1:])], value.attrs)
+            else:  # every row computed, the kept ones taken
+                new = relax.op.take(self.builder_.emit(self.visit_expr(value)), self.positions, axis=1)
         elif op_name(value) == "relax.arange" and self._is_positions(value):
             positions = self.builder_.emit(relax.call_pure_packed(
                 "vm.builtin.attention_kv_cache_get_query_positions", self.cache,
@@ -253,7 +261,9 @@ class _ToCache(relax.PyExprMutator):
         else:
             super().visit_var_binding_(binding)
             return
-        self.set_var_remap(binding.var, self.builder_.emit(new, name_hint=binding.var.name))
+        bb = self.builder_
+        output = not isinstance(binding.var, relax.DataflowVar) and bb.current_block_is_dataflow()
+        self.set_var_remap(binding.var, (bb.emit_output if output else bb.emit)(new, name_hint=binding.var.name))
 
     def _is_positions(self, call) -> bool:
         start, end, step = call.args[:3]
@@ -280,29 +290,66 @@ class _ToCache(relax.PyExprMutator):
         return op.permute_dims(op.reshape(out, relax.ShapeExpr([1, n, heads, d])), [0, 2, 1, 3])
 
 
-def add_batch_forward(mod: tvm.IRModule, entry: str = "main") -> tuple[tvm.IRModule, CacheShape]:
-    """`mod` plus FORWARD: `entry` (input_ids [1, T] first) with its attention on a paged KV cache, taken as its
-    second parameter; and the cache's shape. A WideError where an attention core does not fit."""
+def _output_head(func: relax.Function) -> relax.Var:
+    """The binding whose rows the prefill keeps: the matmul that makes `func`'s logits [1, T, vocab] from per-token
+    states (the LM head), through casts, so it runs on the kept rows only; else the output itself."""
+    var2val = relax.analysis.get_var2val(func)
+    out = func.body.body
+    if not isinstance(out, relax.Var) or out not in var2val or len(_dims(out) or []) != 3:
+        raise WideError("the model's output is not one tensor of logits [1, tokens, vocab]")
+    head = out
+    while op_name(var2val.get(head)) == "relax.astype" and isinstance(var2val[head].args[0], relax.Var):
+        head = var2val[head].args[0]
+    if op_name(var2val.get(head)) == "relax.matmul" and len(_dims(var2val[head].args[0]) or []) == 3:
+        return head
+    return out
+
+
+def _entry(func, body, params, num_input: int, name: str, attrs: dict) -> relax.Function:
+    out = relax.Function(params, body, None, func.is_pure, func.attrs).with_attr("num_input", num_input)
+    if out.attrs and "global_symbol" in out.attrs:
+        out = out.with_attr("global_symbol", name)
+    for key, value in attrs.items():
+        out = out.with_attr(key, value)
+    return copy_with_new_vars(out)  # (no variable defined in two functions: FuseOps requires it)
+
+
+def add_generation_functions(mod: tvm.IRModule, decode_batch: int, entry: str = "main",
+                             cuda_graph: bool = False) -> tuple[tvm.IRModule, CacheShape]:
+    """`mod` plus PREFILL and DECODE, copies of `entry` (input_ids [1, T] first) whose attention reads and appends a
+    paged KV cache, taken after the inputs; and the cache's shape. A WideError where an attention core does not fit.
+
+        prefill(input_ids [1, n], logit_positions [m] int32, cache, weights...) -> logits [1, m, vocab]
+        decode(input_ids [1, b], cache, weights...) -> logits [1, b, vocab]          b <= decode_batch
+
+    `logit_positions` picks the rows of the ragged batch whose logits are wanted (the last token of each sequence):
+    the LM head runs on those rows only. `decode` is the same computation for one new token per sequence, with the
+    batch bounded at compile time, so its memory is planned statically (and, `cuda_graph`, it is captured once per
+    batch size in a CUDA graph: TVM's RewriteCUDAGraph)."""
     func = mod[entry]
     cores = find_attention_cores(func)
     if not cores:
         raise WideError(f"{entry}: no attention found to map onto the paged KV cache")
     shape = cache_shape(cores)
-    ids = func.params[0]
-    dims = _dims(ids)
+    dims = _dims(func.params[0])
     if dims is None or len(dims) != 2:
         raise WideError(f"{entry}: the first input is not token ids [1, T]")
     tokens = dims[1]
-    cache = relax.Var("paged_kv_cache", relax.ObjectType())
-    mutator = _ToCache(mod, cores, cache, tokens)
-    body = mutator.visit_expr(func.body)
+    if not isinstance(tokens, tvm.tirx.Var):
+        raise WideError(f"{entry}: the token count is fixed ({tokens}); generation needs it symbolic")
     num_input = int(func.attrs["num_input"]) if func.attrs and "num_input" in func.attrs else 1
-    params = [*func.params[:num_input], cache, *func.params[num_input:]]
-    forward = relax.Function(params, body, func.ret_ty, func.is_pure, func.attrs).with_attr("num_input",
-                                                                                          num_input + 1)
-    if forward.attrs and "global_symbol" in forward.attrs:
-        forward = forward.with_attr("global_symbol", FORWARD)
+    inputs, weights = list(func.params[:num_input]), list(func.params[num_input:])
     out = tvm.IRModule(dict(mod.functions))
-    out[FORWARD] = copy_with_new_vars(forward)  # (no variable defined in two functions: FuseOps requires it)
-    return out, shape
 
+    cache = relax.Var("paged_kv_cache", relax.ObjectType())
+    positions = relax.Var("logit_positions", relax.TensorType([tvm.tirx.Var("m", "int64")], "int32"))
+    body = _ToCache(mod, cores, cache, tokens, _output_head(func), positions).visit_expr(func.body)
+    out[PREFILL] = _entry(func, body, [*inputs, positions, cache, *weights], num_input + 2, PREFILL, {})
+
+    cache = relax.Var("paged_kv_cache", relax.ObjectType())
+    body = _ToCache(mod, cores, cache, tokens).visit_expr(func.body)
+    attrs = {"tir_var_upper_bound": {tokens.name: decode_batch}}
+    if cuda_graph and isinstance(tokens, tvm.tirx.Var):
+        attrs["relax.rewrite_cuda_graph.capture_symbolic_vars"] = [tokens.name]
+    out[DECODE] = _entry(func, body, [*inputs, cache, *weights], num_input + 1, DECODE, attrs)
+    return out, shape

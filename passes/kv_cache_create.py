@@ -1,5 +1,5 @@
 """The paged KV cache's creation function and TIR kernels, from TVM's own `TIRPagedKVCache`, and the pass that adds
-them with `batch_forward` (AddBatchForward).
+them with the prefill, decode and sampling functions (AddGeneration).
 
 `cache_functions(shape, target)` is an IRModule holding `create_kv_cache(max_batch_size, max_total_seq_len,
 prefill_chunk_size, page_size, support_sliding_window)` (each an R.Shape of one value; the VM builtin
@@ -17,8 +17,8 @@ import tvm
 from tvm import relax, tirx
 
 from ..errors import WideError
-from ..entry_points import CREATE_CACHE
-from .kv_cache_attention import CacheShape, add_batch_forward
+from ..entry_points import CREATE_CACHE, DECODE
+from .kv_cache_attention import CacheShape, add_generation_functions
 
 CREATE_ARGS = ("max_batch_size", "max_total_seq_len", "prefill_chunk_size", "page_size", "support_sliding_window")
 
@@ -47,22 +47,29 @@ def cache_functions(shape: CacheShape, target: tvm.target.Target) -> tvm.IRModul
     return mod
 
 
-@tvm.transform.module_pass(opt_level=0, name="AddBatchForward")
-class AddBatchForward:
-    """add_batch_forward on the module's `main`, plus the cache's creation function and kernels
-    (passes/kv_cache_create.py); `self.cache` is the CacheShape after it ran. Runs after the gated lowering, so
-    `batch_forward` calls the same gated kernels as `main`."""
+@tvm.transform.module_pass(opt_level=0, name="AddGeneration")
+class AddGeneration:
+    """The entry points a generator needs, added to a module with the stateless `main`: `prefill` and `decode`
+    (add_generation_functions; decode batches of at most `max_batch`, captured in CUDA graphs where `cuda_graph`),
+    the cache's creation function and kernels, and the samplers (passes/sampling.py). `self.cache` is the
+    CacheShape after it ran. Runs after the gated lowering, so prefill and decode call the same gated kernels as
+    `main`."""
 
-    def __init__(self, target: tvm.target.Target):
-        self.target = target
+    def __init__(self, target: tvm.target.Target, max_batch: int, cuda_graph: bool = False):
+        self.target, self.max_batch, self.cuda_graph = target, max_batch, cuda_graph
         self.cache: CacheShape | None = None
+        self.vocab: int | None = None
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mod, self.cache = add_batch_forward(mod)
-        taken = {gv.name_hint for gv in mod.functions}
+        from .sampling import sampling_functions
+
+        mod, self.cache = add_generation_functions(mod, self.max_batch, cuda_graph=self.cuda_graph)
+        logits = mod[DECODE].ret_ty
+        self.vocab = int(logits.shape.values[-1])
         created = cache_functions(self.cache, self.target)
-        clash = sorted(taken & {gv.name_hint for gv in created.functions})
+        created.update(sampling_functions(self.vocab, str(logits.dtype)))
+        clash = sorted({gv.name_hint for gv in mod.functions} & {gv.name_hint for gv in created.functions})
         if clash:
-            raise WideError(f"the paged KV cache's functions {clash} clash with the model's")
+            raise WideError(f"the generation functions {clash} clash with the model's")
         mod.update(created)
         return mod

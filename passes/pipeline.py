@@ -29,13 +29,15 @@ def wide_passes(target: tvm.target.Target, lower: LowerGatedLayers, tuning_log: 
                 blas: DispatchDenseMatmuls | None = None, generation=None) -> list:
     """The passes, in order, that turn an imported WIDE model into a VM-ready module for `target`. `blas`: the
     dense-matmul dispatch to the vendor BLAS extern (None: TVM's own kernels for them). `generation`: an
-    AddBatchForward (passes/kv_cache_create.py) to add the paged-KV-cache entry points, or None."""
+    AddGeneration (passes/kv_cache_create.py) to add the paged-KV-cache and sampling entry points, or None."""
     is_gpu = target.kind.name == "cuda"
     passes = [
         lower,                                                        # gated layers -> block-sparse kernels
         *([generation] if generation is not None else []),           # main's attention on a paged KV cache too
         *([DecomposeAttention(), blas] if blas is not None else []),  # attention's matmuls written out, and every
                                                                       # dense matmul -> cuBLASLt / OpenBLAS
+        *([relax.backend.DispatchSampling(), relax.backend.DispatchSortScan()]  # (the samplers' sort, scan and
+          if generation is not None else []),                                #  multinomial: TVM's GPU kernels)
         relax.transform.DeadCodeElimination(),
         FuseWeightTranspose(),                                        # x @ W.T without materialising W.T
         relax.transform.LegalizeOps(customize_legalize_map=WIDE_LEGALIZATIONS),

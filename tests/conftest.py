@@ -76,3 +76,17 @@ def exported(tmp_path_factory):
         return cache[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def generation_library(exported, tmp_path_factory):
+    """(library path, PyTorch model, cfg, tokenizer folder): the default example compiled once with
+    generation=True for the CPU, and a word-level tokenizer of its vocabulary."""
+    import wide_tvm
+    from wide_tvm.tiny_checkpoint import write_tiny_tokenizer
+
+    path, model, cfg = exported("default", "onnx")
+    root = tmp_path_factory.mktemp("generation")
+    compiled = wide_tvm.compile(path, "llvm", generation=True, max_batch=8)
+    lib = compiled.export(str(root / "m.so"))
+    return lib, model, cfg, write_tiny_tokenizer(str(root / "tokenizer"), cfg.vocab_size)

@@ -36,12 +36,13 @@ def _incremental(hf_model, prompt: list[int], new: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def engine(exported, tmp_path_factory):
-    path, model, cfg = exported("default", "onnx")
-    compiled = wide_tvm.compile(path, "llvm", generation=True)
-    assert compiled.kv_cache.layers == cfg.num_layers and compiled.kv_cache.kv_heads == cfg.num_kv_heads
-    lib = compiled.export(str(tmp_path_factory.mktemp("gen") / "m.so"))
-    return Engine(wide_tvm.load(lib), max_batch=4, max_total_tokens=512), model, cfg
+def engine(generation_library):
+    lib, model, cfg, _ = generation_library
+    loaded = wide_tvm.load(lib)
+    shape = loaded.meta["kv_cache"]
+    assert shape["layers"] == cfg.num_layers and shape["kv_heads"] == cfg.num_kv_heads
+    assert loaded.meta["generation"] == {"max_batch": 8, "vocab": cfg.vocab_size, "cuda_graph": False}
+    return Engine(loaded, max_batch=4, max_total_tokens=512), model, cfg
 
 
 def test_greedy_generation_is_token_identical_to_pytorch(engine):
@@ -63,11 +64,15 @@ def test_generation_stops_and_checks_its_inputs(engine):
     stopped = eng.generate([prompt], max_new_tokens=10, stop_token_ids=[first[2]])[0]
     assert stopped.token_ids == first[:3] and stopped.finish_reason == "stop"
     for bad, what in (([], "non-empty"), ([[]], "non-empty"), ([[1, cfg.vocab_size]], "outside"), ([[-1]], "outside"),
-                      ([[0.5]], "integer"), ([[1]] * 5, "at most 4")):
+                      ([[0.5]], "integer"), ([[10**12]], "outside"), ([[True]], "integer"), ("text", "list"),
+                      ([["a"]], "integer"), ([[1]], "max_new_tokens")):
         with pytest.raises(WideError, match=what):
-            eng.generate(bad, max_new_tokens=2)
-    with pytest.raises(WideError, match="do not fit"):
-        eng.generate([[1] * 300, [2] * 300], max_new_tokens=2)
+            eng.generate(bad, max_new_tokens=0 if what == "max_new_tokens" else 2)
+    with pytest.raises(WideError, match="needs a tokenizer"):
+        eng.generate(["some text"], max_new_tokens=2)
+    with pytest.raises(WideError, match=r"need 608 tokens of cache; it holds 512"):
+        eng.generate([[1] * 600], max_new_tokens=2)
+    assert eng.stats()["reserved_pages"] == 0
 
 
 def test_a_library_without_the_cache_says_how_to_build_one():
@@ -76,6 +81,8 @@ def test_a_library_without_the_cache_says_how_to_build_one():
 
     with pytest.raises(WideError, match="generation=True"):
         Engine(SimpleNamespace(meta={"kv_cache": None, "inputs": [{"index_bound": 256}]}))
+    with pytest.raises(WideError, match="again"):  # (a library of the first generation builds: no decode)
+        Engine(SimpleNamespace(meta={"kv_cache": {"layers": 2}, "inputs": [{"index_bound": 256}]}))
 
 
 def test_attention_that_does_not_fit_the_cache_names_its_node():
@@ -83,7 +90,7 @@ def test_attention_that_does_not_fit_the_cache_names_its_node():
     import tvm
     from tvm import relax
 
-    from wide_tvm.passes.kv_cache_attention import add_batch_forward
+    from wide_tvm.passes.kv_cache_attention import add_generation_functions
 
     s = tvm.tirx.Var("s", "int64")
     bb = relax.BlockBuilder()
@@ -97,7 +104,7 @@ def test_attention_that_does_not_fit_the_cache_names_its_node():
             out = bb.emit_output(relax.op.matmul(probs, q))
         bb.emit_func_output(out)
     with pytest.raises(WideError, match=r"attention at \w+ = relax.nn.softmax .*no causal mask"):
-        add_batch_forward(bb.get())
+        add_generation_functions(bb.get(), 4)
 
 
 def test_wide_generate_streams_the_same_tokens(engine, capsys):

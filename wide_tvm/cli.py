@@ -98,8 +98,12 @@ def compile_main(argv=None) -> int:
                         "tuning folders' measured crossovers, else a cost model; keeps a second copy of repacked "
                         "weights), off, always (every token count; for checks)")
     p.add_argument("--generation", action="store_true",
-                   help="also build the entry points generation needs: the attention on a paged KV cache "
-                        "(batch_forward, create_kv_cache; wide-generate)")
+                   help="also build the entry points generation needs: prefill and decode over a paged KV cache, "
+                        "the cache's creation, sampling on the device (wide-generate, wide-serve)")
+    p.add_argument("--max-batch", type=int, default=64,
+                   help="with --generation: the most sequences one decode step takes (default 64)")
+    p.add_argument("--no-cuda-graph", action="store_true",
+                   help="with --generation on CUDA: launch decode steps kernel by kernel, not as CUDA graphs")
     args = p.parse_args(argv)
     try:
         from . import compile as wide_compile
@@ -114,7 +118,8 @@ def compile_main(argv=None) -> int:
             warnings.simplefilter("always")
             compiled = wide_compile(args.model, args.target, args.tuning_log,
                                     dependent_launch=not args.no_dependent_launch, strict=args.strict,
-                                    blas=not args.no_blas, fallback=args.fallback, generation=args.generation)
+                                    blas=not args.no_blas, fallback=args.fallback, generation=args.generation,
+                                    max_batch=args.max_batch, cuda_graph=False if args.no_cuda_graph else None)
         shown = set()
         for w in caught:  # the warnings a user acts on, once each (TVM's and torch's own stay silent)
             if w.category.__name__ in ("NoGatedLayersWarning", "UnloweredGateWarning", "TornRecordWarning",
@@ -129,29 +134,86 @@ def compile_main(argv=None) -> int:
     return 0
 
 
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--tokenizer", metavar="DIR", help="a Hugging Face model folder: its tokenizer.json and chat "
+                                                       "template (text prompts and output)")
+    p.add_argument("--max-batch", type=int, help="sequences decoded together (default: what the library takes)")
+    p.add_argument("--max-total-tokens", type=int, default=4096,
+                   help="the KV cache's capacity over all sequences (default 4096); requests beyond it wait")
+    p.add_argument("--prefill-chunk", type=int, default=2048, help="the most prompt tokens one prefill step takes")
+
+
+def _engine(args):
+    from . import load
+
+    model = load(args.library, args.device, args.tokenizer)
+    model.engine(max_batch=args.max_batch, max_total_tokens=args.max_total_tokens, prefill_chunk=args.prefill_chunk)
+    return model
+
+
 def generate_main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="wide-generate",
-                                description="Greedy generation with a library compiled with --generation; streams "
-                                            "the new token ids to stdout, one line per prompt.")
+                                description="Generate with a library compiled with --generation; streams the new "
+                                            "tokens to stdout (text with --tokenizer, else ids), one line per prompt.")
     p.add_argument("library", help="OUT.so from wide-compile --generation")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--ids", required=True, action="append", type=_id_list, metavar="ID,ID,...",
-                   help="a prompt as comma-separated token ids (repeat for a batch)")
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--ids", action="append", type=_id_list, metavar="ID,ID,...",
+                        help="a prompt as comma-separated token ids (repeat for a batch)")
+    prompt.add_argument("--prompt", action="append", metavar="TEXT", help="a text prompt (repeat for a batch; "
+                                                                          "needs --tokenizer)")
+    p.add_argument("--chat", action="store_true", help="wrap each text prompt as a user message in the chat template")
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0 (default): no limit")
+    p.add_argument("--seed", type=int)
     p.add_argument("--stop", type=_id_list, default=[], metavar="ID,...", help="token ids that end a sequence")
+    p.add_argument("--stop-text", action="append", default=[], metavar="TEXT", help="a string that ends a sequence")
+    _sampling_args(p)
     args = p.parse_args(argv)
     try:
-        from . import load
-        from .engine import Engine
-
-        engine = Engine(load(args.library, args.device), max_batch=max(len(args.ids), 1))
-        if len(args.ids) == 1:  # one prompt: each id as it is generated
-            engine.generate(args.ids, args.max_new_tokens, args.stop,
-                            on_token=lambda _, t: print(t, end=" ", flush=True))
+        model = _engine(args)
+        prompts = args.ids or args.prompt
+        if args.chat:
+            if args.ids or model.tokenizer is None:
+                raise WideError("--chat takes --prompt text and a --tokenizer")
+            prompts = [model.tokenizer.chat([{"role": "user", "content": t}]) for t in prompts]
+        text = model.tokenizer is not None
+        options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                       top_k=args.top_k, stop=[*args.stop, *args.stop_text], seed=args.seed)
+        if len(prompts) == 1:  # one prompt: each token as it is generated
+            for event in model.generate(prompts, stream=True, **options):
+                if event.token_id is not None:
+                    print(event.text if text else event.token_id, end="" if text else " ", flush=True)
             print()
         else:
-            for result in engine.generate(args.ids, args.max_new_tokens, args.stop):
-                print(" ".join(str(t) for t in result.token_ids), flush=True)
+            for result in model.generate(prompts, **options):
+                print(result.text if text else " ".join(str(t) for t in result.token_ids), flush=True)
+    except WideError as err:
+        return _fail(err)
+    return 0
+
+
+def serve_main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="wide-serve",
+                                description="An OpenAI-compatible server (/v1/completions, /v1/chat/completions, "
+                                            "/v1/models, /health) over a library compiled with --generation.")
+    p.add_argument("library", help="OUT.so from wide-compile --generation")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--name", help="the model's name in the API (default: the library's file name)")
+    _sampling_args(p)
+    args = p.parse_args(argv)
+    try:
+        if not args.tokenizer:
+            raise WideError("wide-serve needs --tokenizer DIR (a Hugging Face model folder with tokenizer.json)")
+        model = _engine(args)
+        from .server import serve
+
+        name = args.name or os.path.splitext(os.path.basename(args.library))[0]
+        print(f"serving {name} on http://{args.host}:{args.port}/v1", flush=True)
+        serve(model, name, args.host, args.port)
     except WideError as err:
         return _fail(err)
     return 0

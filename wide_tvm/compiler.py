@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -39,6 +40,7 @@ class Compiled:
     derived: dict = field(default_factory=dict)  # untuned kernel key -> the tuned key whose knobs it took
     fallbacks: dict = field(default_factory=dict)  # kernel symbol -> (token ranges on the dense fallback, source)
     kv_cache: object = None  # passes.kv_cache_attention.CacheShape of a generation build, else None
+    generation: dict | None = None  # a generation build's {"max_batch", "vocab", "cuda_graph"}, else None
 
     @property
     def device_kind(self) -> str:
@@ -54,7 +56,7 @@ class Compiled:
                 "blas_matmuls": [m.to_json() for m in self.blas_matmuls], "derived_knobs": self.derived,
                 "dense_fallback": {name: {"tokens": [list(r) for r in ranges], "source": source}
                                    for name, (ranges, source) in self.fallbacks.items()},
-                "kv_cache": asdict(self.kv_cache) if self.kv_cache else None}
+                "kv_cache": asdict(self.kv_cache) if self.kv_cache else None, "generation": self.generation}
 
     def export(self, path: str) -> str:
         """Write PATH (TVM library) and its weights file atomically; returns PATH."""
@@ -171,7 +173,8 @@ def _blas_extern(tgt):
 
 def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa: A001
             dense: bool = False, dependent_launch: bool = True, strict: bool = False, blas: bool = True,
-            fallback: str = "auto", generation: bool = False) -> Compiled:
+            fallback: str = "auto", generation: bool = False, max_batch: int = 64,
+            cuda_graph: bool | None = None) -> Compiled:
     """Compile a .onnx / .pt2 path or an ExportedProgram for `target` (see `parse_target`).
 
     `dense=True` skips the gated-layer lowering: the same pipeline, TVM's dense kernels (a baseline).
@@ -184,9 +187,11 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     than a gated kernel (measured crossovers in the tuning folders, else a cost model), the kernel runs it instead.
     A fallback reads the weights as the model stores them, so a repacked weight (CUDA's tensor-core tiles) is kept
     twice; "off" keeps one copy. Needs `blas`.
-    `generation=True` also builds the entry points a generator needs (`batch_forward` over a paged KV cache and
-    `create_kv_cache`, passes/kv_cache_attention.py); a model whose attention does not map onto the cache is a
-    WideError naming the node.
+    `generation=True` also builds the entry points a generator needs (wide_tvm/entry_points.py: `prefill` and
+    `decode` over a paged KV cache, `create_kv_cache`, the samplers; passes/kv_cache_attention.py); a model whose
+    attention does not map onto the cache is a WideError naming the node. `max_batch`: the most sequences one decode
+    step takes (its memory is planned for that many); `cuda_graph` (default: on for CUDA) captures each decode batch
+    size in a CUDA graph.
     """
     if isinstance(model, (str, os.PathLike)):
         from .frontends import check_model_file
@@ -218,16 +223,21 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
                              fallback=fallback if extern else "off", crossovers=load_crossovers(logs))
     adder = None
     if generation:
-        from .passes.kv_cache_create import AddBatchForward
+        from .passes.kv_cache_create import AddGeneration
 
-        adder = AddBatchForward(tgt)
+        if not 1 <= max_batch <= 4096:
+            raise WideError(f"max_batch {max_batch}: expected 1 to 4096 sequences")
+        cuda_graph = tgt.kind.name == "cuda" if cuda_graph is None else cuda_graph and tgt.kind.name == "cuda"
+        adder = AddGeneration(tgt, max_batch, cuda_graph)
     if strict and not dense:  # fail before the build: the lowering's plan alone (no kernel built) names them
         _check_every_gate(imported, tgt)
     # TVM's own schedules, where a database has any (its knob records are applied through `knobs` above)
     ms_log = next((log for log in reversed(logs) if has_other_records(log)), None)
     ms_log = readable_folder(ms_log) if ms_log else None  # (torn lines skipped, with a warning)
     try:
-        with tgt:
+        graphs = adder is not None and adder.cuda_graph  # (TVM's RewriteCUDAGraph acts under this option only)
+        with tgt, (tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": True}) if graphs
+                   else contextlib.nullcontext()):
             pipeline = wide_pipeline(tgt, lower, ms_log, dispatch, adder)
             executable = tvm.compile(imported.mod, tgt, relax_pipeline=pipeline)
     except WideError:
@@ -247,4 +257,6 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
     matmuls = dispatch.dispatched if dispatch else []
     return Compiled(executable, imported, tgt, lower.plan.layers, " + ".join(logs) or None, lower.plan.unlowered,
                     extern if matmuls or lower.plan.fallbacks else None, matmuls, lower.plan.derived,
-                    lower.plan.fallbacks, adder.cache if adder else None)
+                    lower.plan.fallbacks, adder.cache if adder else None,
+                    {"max_batch": adder.max_batch, "vocab": adder.vocab, "cuda_graph": adder.cuda_graph}
+                    if adder else None)

@@ -41,7 +41,7 @@ class WideModel:
     the library was compiled for (rank, fixed dimensions, integer dtype, token ids inside the vocabulary) and a
     call that does not fit is a WideError; int32 ids are widened to the int64 the library takes."""
 
-    def __init__(self, path: str, device: str = "cpu"):
+    def __init__(self, path: str, device: str = "cpu", tokenizer=None):
         if device not in ("cpu", "cuda"):
             raise WideError(f"unknown device {device!r}; use cpu or cuda")
         self.path = path
@@ -70,6 +70,30 @@ class WideModel:
         self._tvm = tvm
         self._lib, self._vm_class, self._local = lib, rvm.VirtualMachine, threading.local()
         self.weights = [tvm.runtime.tensor(w, self.device) for w in weights]
+        if isinstance(tokenizer, (str, os.PathLike)):
+            from .tokenizer import Tokenizer
+
+            tokenizer = Tokenizer(str(tokenizer))
+        self.tokenizer = tokenizer
+        self._engine, self._engine_lock = None, threading.Lock()
+
+    def engine(self, **options):
+        """This model's generation engine (wide_tvm/engine.py), made on first use; `options` (max_batch,
+        max_total_tokens, prefill_chunk) only before that."""
+        with self._engine_lock:
+            if self._engine is None:
+                from .engine import Engine
+
+                self._engine = Engine(self, tokenizer=self.tokenizer, **options)
+            elif options:
+                raise WideError("the engine already exists: pass its options on the first call")
+            return self._engine
+
+    def generate(self, prompts, max_new_tokens: int = 32, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, stop=(), seed: int | None = None, stream: bool = False, **more):
+        """Engine.generate on this model's engine: `prompts` token-id lists or strings (with a tokenizer); one
+        Generation (.token_ids, .text, .finish_reason) per prompt, or an iterator of Events with `stream=True`."""
+        return self.engine().generate(prompts, max_new_tokens, temperature, top_p, top_k, stop, seed, stream, **more)
 
     @property
     def vm(self):
@@ -139,6 +163,7 @@ def _checked(x, spec: dict | None, is_torch: bool):
     return x
 
 
-def load(path: str, device: str = "cpu") -> WideModel:
-    """Load NAME.so (+ NAME.weights.npz) for `device` ("cpu" or "cuda")."""
-    return WideModel(path, device)
+def load(path: str, device: str = "cpu", tokenizer=None) -> WideModel:
+    """Load NAME.so (+ NAME.weights.npz) for `device` ("cpu" or "cuda"); `tokenizer`: a Hugging Face model folder
+    (its tokenizer.json and chat template) for text prompts."""
+    return WideModel(path, device, tokenizer)

@@ -8,6 +8,7 @@ For trying `wide-export --hf-model` without downloads, and for the tests. Keys f
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 import torch
@@ -78,6 +79,39 @@ def write_tiny_checkpoint(folder: str, kind: str = "llama", seed: int = 0) -> st
     base.save_pretrained(folder)
     torch.save(random_routers(10 + seed), os.path.join(folder, "router.pth"))
     torch.save(random_lora(kind, 30 + seed), os.path.join(folder, "lora.pth"))
+    write_tiny_tokenizer(folder, SIZES["vocab_size"])
+    return folder
+
+
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def tiny_words(count: int) -> list[str]:
+    """`count` distinct pronounceable words (consonant-vowel-consonant, then longer), for a tiny vocabulary."""
+    import itertools
+
+    cons, vows = "bdfgklmnprstvz", "aeiou"
+    words = ("".join(w) for n in (3, 5) for w in itertools.product(*([cons, vows] * n)[:n]))
+    return list(itertools.islice(words, count))
+
+
+def write_tiny_tokenizer(folder: str, vocab_size: int = SIZES["vocab_size"]) -> str:
+    """A word-level tokenizer of `vocab_size` ids into `folder` (tokenizer.json, tokenizer_config.json with a chat
+    template): <s> 0, </s> 1 (end of sequence), <unk> 2, the roles, then words; text splits on spaces."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    special = ["<s>", "</s>", "<unk>", "system:", "user:", "assistant:"]
+    vocab = {w: i for i, w in enumerate(special + tiny_words(vocab_size - len(special)))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # (joins words with spaces)
+    tok.add_special_tokens(special[:3])
+    os.makedirs(folder, exist_ok=True)
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "chat_template": CHAT_TEMPLATE},
+                  f, indent=1)
     return folder
 
 

@@ -64,11 +64,12 @@ def _index_sources(index, var2val, depth: int = 4) -> list:
     return out + frontier
 
 
-def import_model(model, origin: str | None = None) -> ImportedModel:
+def import_model(model, origin: str | None = None, weights: bool = True) -> ImportedModel:
     """Import a .onnx / .pt2 path or an in-memory torch.export.ExportedProgram. A file that is not a model the
-    importers can read is one WideError naming it, whatever failed inside them (tests/test_fuzz.py)."""
+    importers can read is one WideError naming it, whatever failed inside them (tests/test_fuzz.py). `weights=False`
+    (an ExportedProgram): the weights as zero-stride placeholders of their shapes, never copied."""
     try:
-        return _import_model(model, origin)
+        return _import_model(model, origin, weights)
     except WideError:
         raise
     except Exception as err:  # noqa: BLE001 - a damaged or foreign file: one line, never a traceback
@@ -77,9 +78,9 @@ def import_model(model, origin: str | None = None) -> ImportedModel:
         raise WideError(f"{where}: not a model the importers can read ({type(err).__name__}: {detail})") from None
 
 
-def _import_model(model, origin: str | None) -> ImportedModel:
+def _import_model(model, origin: str | None, weights: bool = True) -> ImportedModel:
     if not isinstance(model, (str, os.PathLike)):
-        mod, values, names = import_exported_program(model, origin or "<ExportedProgram>")
+        mod, values, names = import_exported_program(model, origin or "<ExportedProgram>", weights)
         src = origin or "<ExportedProgram>"
     else:
         path = os.fspath(model)

@@ -73,8 +73,10 @@ SAME_DTYPE_PRODUCTS = {"matmul.default": _matmul, "mm.default": _matmul, "bmm.de
                        "linear.default": _linear, "addmm.default": _addmm}
 
 
-def import_exported_program(ep, origin: str = "<ExportedProgram>") -> tuple[tvm.IRModule, list, list[str]]:
-    """(module whose main takes inputs then weights, weight arrays, weight names)."""
+def import_exported_program(ep, origin: str = "<ExportedProgram>",
+                            weights: bool = True) -> tuple[tvm.IRModule, list, list[str]]:
+    """(module whose main takes inputs then weights, weight arrays, weight names). `weights=False`: each weight a
+    zero-stride placeholder of its shape and dtype (no memory; for a library whose weights are made elsewhere)."""
     from tvm.relax.frontend import detach_params
     from tvm.relax.frontend.torch import from_exported_program
 
@@ -90,5 +92,8 @@ def import_exported_program(ep, origin: str = "<ExportedProgram>") -> tuple[tvm.
     main = mod["main"]
     num_input = int(main.attrs["num_input"])
     names = [p.name for p in main.params[num_input:]]
-    values = [np.asarray(t.numpy()) for t in params.get("main", [])]
+    if weights:
+        values = [np.asarray(t.numpy()) for t in params.get("main", [])]
+    else:
+        values = [np.broadcast_to(np.zeros((), str(t.dtype)), tuple(t.shape)) for t in params.get("main", [])]
     return mod, values, names

@@ -295,6 +295,10 @@ def _output_head(func: relax.Function) -> relax.Var:
     states (the LM head), through casts, so it runs on the kept rows only; else the output itself."""
     var2val = relax.analysis.get_var2val(func)
     out = func.body.body
+    while isinstance(out, relax.Var) and isinstance(var2val.get(out), relax.Tuple) and len(var2val[out].fields) == 1:
+        out = var2val[out].fields[0]  # (torch.export's outputs: a tuple of the one tensor)
+    if isinstance(out, relax.Tuple) and len(out.fields) == 1:
+        out = out.fields[0]
     if not isinstance(out, relax.Var) or out not in var2val or len(_dims(out) or []) != 3:
         raise WideError("the model's output is not one tensor of logits [1, tokens, vocab]")
     head = out

@@ -65,6 +65,8 @@ class AddGeneration:
 
         mod, self.cache = add_generation_functions(mod, self.max_batch, cuda_graph=self.cuda_graph)
         logits = mod[DECODE].ret_ty
+        while not hasattr(logits, "shape") and getattr(logits, "fields", None):  # (a tuple of the logits)
+            logits = logits.fields[0]
         self.vocab = int(logits.shape.values[-1])
         created = cache_functions(self.cache, self.target)
         created.update(sampling_functions(self.vocab, str(logits.dtype)))

@@ -126,7 +126,7 @@ def test_cuda_tasks_cover_the_direct_and_many_token_kernels():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("space", ["decode", "tile"])  # (two tests: they build in parallel under pytest-xdist)
+@pytest.mark.parametrize("space", ["decode", pytest.param("tile", marks=pytest.mark.slow)])  # (decode: the sample)
 def test_cuda_candidates_build_from_the_template(space):
     """The builder function compiles a direct-kernel and a wgmma candidate to sm_90a device code here."""
     target = parse_target("cuda")

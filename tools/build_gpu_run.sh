@@ -12,6 +12,7 @@ wide-bench model-build "$dir/model" --target cuda                    # the 2-lay
 python tools/build_gpu_check.py "$dir/check" --examples              # whole compiled models against PyTorch
 rm -f "$dir"/check/*.pt2 "$dir"/check/*.onnx                         # (not needed there)
 python tools/build_gpu_generation.py "$dir/gen"                       # the fp16 example with --generation
+wide-bench e2e-build "$dir/e2e"                                       # 32 Llama-3.1-8B layers, generation, gated + dense
 wide-bench build "$dir/bench"                                         # the gated kernels, cuBLAS, our cuBLASLt dense
 wide-bench build "$dir/untuned" --workloads untuned                  # Qwen2.5-7B / Mistral-Nemo FFNs, nearest knobs
 wide-bench build "$dir/untuned_defaults" --workloads untuned --no-derived   # the same on the generic defaults

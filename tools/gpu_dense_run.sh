@@ -2,7 +2,8 @@
 # On the GPU host (runtime-only TVM bundle): every check and benchmark of the dense-matmul dispatch, built here by
 # tools/build_gpu_run.sh gpu_run; then, carrying .gpu and gpu_run:  . .gpu/env.sh && tools/gpu_dense_run.sh gpu_run OUT_DIR [STEP...]
 # STEP: check (whole compiled models against PyTorch), generation (greedy generation on the paged KV cache against
-# PyTorch), dense (every dense shape against torch.matmul), model (the
+# PyTorch), e2e (wide-bench e2e: the 32-layer engine gated / dense against PyTorch eager and torch.compile; not in
+# the default list: minutes), dense (every dense shape against torch.matmul), model (the
 # 2-layer Llama-shape model against PyTorch), gated (the gated kernels and their dense fallbacks beside cuBLAS and our
 # cuBLASLt dense, random and skewed masks; `wide-tune --target cuda --crossover gated.json` imports the crossovers),
 # untuned (Qwen2.5-7B / Mistral-Nemo FFNs on the nearest tuned shape's knobs, and on the generic defaults); all by
@@ -19,6 +20,8 @@ for step in $steps; do
   case $step in
     check) python3 tools/gpu_check.py "$build/check" --json "$out/check.json" | grep -v "^  example" ;;
     generation) python3 tools/gpu_generation_check.py "$build/gen/gen_fp16.so" --json "$out/generation.json" ;;
+    e2e) python3 -c "$bench" e2e "$build/e2e" --json "$out/e2e.json" --rows ours_gated ours_dense torch_compile \
+           torch_eager --compile-prompts 4096 --compile-batches 1 --timeout 300 ;;
     dense) python3 -c "$bench" dense-run "$build/dense" --json "$out/dense.json" ;;
     model) python3 -c "$bench" model-run "$build/model" --json "$out/model.json" ;;
     gated) python3 -c "$bench" run "$build/bench" --json "$out/gated.json" --tokens $crossover_tokens \

@@ -1,6 +1,7 @@
-"""On the GPU host: greedy generation with a CUDA library compiled with --generation (the fp16 example model of
+"""On the GPU host: generation with a CUDA library compiled with --generation (the fp16 example model of
 tools/build_gpu_run.sh, gpu_run/gen/) against the same model in PyTorch on the GPU, which recomputes the whole
-sequence each step. fp16: reports the tokens up to the first divergence and the first step's logits error.
+sequence each step. fp16: reports the tokens up to the first divergence; then batched == alone, seeded sampling
+run to run, and the wall time per generated token (the engine's whole step: decode, sampling, the copy back).
     python3 tools/gpu_generation_check.py gpu_run/gen/gen_fp16.so [--json OUT]"""
 
 from __future__ import annotations
@@ -8,24 +9,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("library")
-    p.add_argument("--new", type=int, default=16)
+    p.add_argument("--new", type=int, default=32)
     p.add_argument("--json")
     args = p.parse_args(argv)
     import numpy as np
     import torch
 
     import wide_tvm
-    from wide_tvm.engine import Engine
     from wide_tvm.model import WideConfig, build_example
 
     cfg = WideConfig()
     model = build_example(cfg, seed=3).half().cuda().eval()
-    engine = Engine(wide_tvm.load(args.library, "cuda"), max_batch=4, max_total_tokens=1024)
+    loaded = wide_tvm.load(args.library, "cuda")
+    engine = loaded.engine(max_batch=4, max_total_tokens=2048)
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (1, 6, 13)]
     results = engine.generate(prompts, max_new_tokens=args.new)
@@ -40,9 +42,29 @@ def main(argv=None) -> int:
         same = next((i for i, (a, b) in enumerate(zip(result.token_ids, ref)) if a != b), len(ref))
         rows.append({"prompt_tokens": len(prompt), "ours": result.token_ids, "torch": ref, "identical_prefix": same})
         print(f"prompt of {len(prompt):2d}: {same}/{len(ref)} tokens identical to PyTorch fp16")
+    alone = [engine.generate([q], max_new_tokens=args.new)[0].token_ids for q in prompts]
+    batched_equal = alone == [r.token_ids for r in results]
+    opts = dict(max_new_tokens=args.new, temperature=0.8, top_p=0.9, top_k=40, seed=11)
+    sampled = [r.token_ids for r in engine.generate(prompts, **opts)]
+    seeded_equal = sampled == [r.token_ids for r in engine.generate(prompts, **opts)]
+    print(f"batched == alone: {batched_equal}; seeded sampling run to run: {seeded_equal}")
+    timing = {}
+    for batch in (1, 4):
+        engine.generate(prompts[:1] * batch, max_new_tokens=8)  # (warm: CUDA graphs of this batch captured)
+        for greedy in (True, False):
+            t0 = time.perf_counter()
+            out = engine.generate(prompts[:1] * batch, max_new_tokens=129, temperature=0 if greedy else 0.8, seed=1,
+                                  ignore_eos=True)
+            per_step = (time.perf_counter() - t0) / 128 * 1e6
+            assert all(len(o.token_ids) == 129 for o in out)
+            timing[f"batch{batch}_{'greedy' if greedy else 'sampled'}_us_per_step"] = per_step
+            print(f"batch {batch} {'greedy' if greedy else 'top-p sampled'}: {per_step:8.1f} us per decode step "
+                  "(wall, prefill amortised)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(0), "generation": loaded.meta.get("generation"),
+                       "rows": rows, "batched_equals_alone": batched_equal, "seeded_sampling_repeats": seeded_equal,
+                       "timing": timing}, f, indent=1)
     return 0
 
 

@@ -316,6 +316,22 @@ def bench_main(argv=None) -> int:
     mr.add_argument("dir")
     mr.add_argument("--json", required=True)
     mr.add_argument("--tokens", type=int, nargs="+")
+    eb = sub.add_parser("e2e-build", help="compile the end-to-end model (32 layers of Llama-3.1-8B) gated and dense "
+                                          "with generation (bench/e2e.py)")
+    eb.add_argument("dir")
+    eb.add_argument("--layers", type=int, help="fewer layers (a quick run)")
+    eb.add_argument("--max-batch", type=int, default=64)
+    er = sub.add_parser("e2e", help="TTFT and decode tokens/s of our engine against PyTorch where it runs; JSON")
+    er.add_argument("dir")
+    er.add_argument("--json", required=True)
+    er.add_argument("--rows", nargs="+", default=["ours_gated", "ours_dense", "torch_eager", "torch_compile"])
+    er.add_argument("--prompts", type=int, nargs="+", default=[128, 512, 2048, 4096])
+    er.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    er.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
+    er.add_argument("--steps", type=int, default=32)
+    er.add_argument("--compile-prompts", type=int, nargs="+", help="the torch.compile row's prompts (default: all)")
+    er.add_argument("--compile-batches", type=int, nargs="+", help="the torch.compile row's batches (default: all)")
+    er.add_argument("--timeout", type=float, default=900, help="seconds per row")
     rep = sub.add_parser("report", help="Markdown table and plot from the JSON")
     rep.add_argument("json")
     rep.add_argument("--plot", help="write a PNG here")
@@ -327,9 +343,19 @@ def bench_main(argv=None) -> int:
     if args.cmd == "run" and any(not 0 <= s <= 1 for s in args.sparsity or ()):
         p.error(f"--sparsity {' '.join(map(str, args.sparsity))}: each must be in [0, 1] (1: every group skipped)")
     try:
-        if args.cmd in ("build", "cpu", "dense-build", "model-build"):
+        if args.cmd in ("build", "cpu", "dense-build", "model-build", "e2e-build"):
             prepare_builds()
-        if args.cmd == "build":
+        if args.cmd == "e2e-build":
+            from .bench.e2e import build_e2e
+
+            print(f"wrote {build_e2e(args.dir, args.layers, max_batch=args.max_batch)}")
+        elif args.cmd == "e2e":
+            from .bench.e2e import run_e2e
+            from .bench.e2e_report import markdown
+
+            print(markdown(run_e2e(args.dir, args.json, args.rows, args.prompts, args.batches, args.contexts,
+                                   args.steps, args.timeout, args.compile_prompts, args.compile_batches)))
+        elif args.cmd == "build":
             from .bench.build import build
 
             from .bench.workloads import WORKLOAD_SETS
@@ -394,6 +420,13 @@ def bench_main(argv=None) -> int:
             result = report.load(args.json)
             if result.get("kind") == "model":
                 print(report.model_markdown(result))
+                return 0
+            if result.get("kind") == "e2e":
+                from .bench import e2e_report
+
+                print(e2e_report.markdown(result))
+                if args.plot:
+                    print(f"wrote {e2e_report.plot(result, args.plot)}")
                 return 0
             if report.is_dense(result):
                 print(report.dense_markdown(result))

@@ -246,7 +246,7 @@ class Engine:
 
     def _loop(self) -> None:
         try:
-            self._steps = _Steps(self.model, self)
+            self._steps = Steps(self.model, self.max_batch, self.max_total, self.chunk, self.vocab)
             while True:
                 with self._cv:
                     while not (self._waiting or self._running or self._closed):
@@ -306,12 +306,14 @@ class Engine:
             rows = [pos for _, pos in last] or [len(flat) - 1]
             logits = self._steps.prefill([r.id for r in seqs], lengths, flat, rows)
             if last:
-                self._emit([r for r, _ in last], self._steps.sample(logits, [r for r, _ in last]))
+                done = [r for r, _ in last]
+                self._emit(done, self._steps.sample(logits, [r.params for r in done], [r.rng for r in done]))
         decoding = [r for r in running if r.prefilled == len(r.prompt) and r.result.token_ids
                     and r.result.finish_reason is None and r not in prefill]
         if decoding:
             logits = self._steps.decode([r.id for r in decoding], [r.result.token_ids[-1] for r in decoding])
-            self._emit(decoding, self._steps.sample(logits, decoding))
+            self._emit(decoding, self._steps.sample(logits, [r.params for r in decoding],
+                                                    [r.rng for r in decoding]))
 
     def _emit(self, requests: list[Request], tokens: list[int]) -> None:
         stops = self.tokenizer.eos_ids if self.tokenizer is not None else ()
@@ -350,20 +352,21 @@ class Engine:
         r.done.set()
 
 
-class _Steps:
-    """The device side of the scheduler: the cache and the library's prefill / decode / sample functions."""
+class Steps:
+    """The device side of generation: one paged KV cache and the library's prefill / decode / sample functions
+    (the scheduler's, and the end-to-end benchmark's, which times them). `model`: .vm, .weights, .device."""
 
-    def __init__(self, model, engine: Engine):
+    def __init__(self, model, max_batch: int, max_total_tokens: int, prefill_chunk: int, vocab: int):
         import tvm
         from tvm.runtime import ShapeTuple
 
         self.tvm, self.shape, self.dev = tvm, ShapeTuple, model.device
-        self.vm, self.weights, self.vocab = model.vm, model.weights, engine.vocab
+        self.vm, self.weights, self.vocab = model.vm, model.weights, vocab
         f = tvm.get_global_func
         self._add, self._remove = f("vm.builtin.kv_state_add_sequence"), f("vm.builtin.kv_state_remove_sequence")
         self._begin, self._end = f("vm.builtin.kv_state_begin_forward"), f("vm.builtin.kv_state_end_forward")
-        self.cache = self.vm[CREATE_CACHE](ShapeTuple([engine.max_batch]), ShapeTuple([engine.max_total]),
-                                           ShapeTuple([engine.chunk]), ShapeTuple([engine.page]), ShapeTuple([0]))
+        self.cache = self.vm[CREATE_CACHE](ShapeTuple([max_batch]), ShapeTuple([max_total_tokens]),
+                                           ShapeTuple([prefill_chunk]), ShapeTuple([PAGE_SIZE]), ShapeTuple([0]))
 
     def add(self, seq: int) -> None:
         self._add(self.cache, seq)
@@ -375,25 +378,32 @@ class _Steps:
         return self.tvm.runtime.tensor(np.asarray(values, dtype), self.dev)
 
     def prefill(self, seqs: list[int], lengths: list[int], flat: list[int], rows: list[int]):
+        """Append `lengths[i]` tokens of `flat` to sequence `seqs[i]`; logits [1, len(rows), vocab] (device) at the
+        rows `rows` of the ragged batch."""
         self._begin(self.cache, self.shape(seqs), self.shape(lengths))
         logits = self.vm[PREFILL](self._array([flat], "int64"), self._array(rows, "int32"), self.cache,
                                   *self.weights)
         self._end(self.cache)
-        return logits
+        return _tensor(logits)
 
     def decode(self, seqs: list[int], tokens: list[int]):
+        """One token per sequence; logits [1, len(seqs), vocab] (device)."""
         self._begin(self.cache, self.shape(seqs), self.shape([1] * len(seqs)))
         logits = self.vm[DECODE](self._array([tokens], "int64"), self.cache, *self.weights)
         self._end(self.cache)
-        return logits
+        return _tensor(logits)
 
-    def sample(self, logits, requests: list[Request]) -> list[int]:
+    def sample(self, logits, params: list[SamplingParams], rngs: list) -> list[int]:
         """One id per row of `logits` [1, m, vocab] (device), sampled on the device; the step's one copy back."""
-        params = [r.params for r in requests]
         if all(p.greedy for p in params):
             ids = self.vm[SAMPLE_GREEDY](logits)
         else:
-            a = sampler_arrays(params, [r.rng for r in requests], self.vocab)
+            a = sampler_arrays(params, rngs, self.vocab)
             ids = self.vm[SAMPLE](logits, *(self.tvm.runtime.tensor(a[k], self.dev)
                                             for k in ("temperature", "top_p", "top_k", "uniform")))
-        return [int(t) for t in ids.numpy()[:len(requests)]]
+        return [int(t) for t in ids.numpy()[:len(params)]]
+
+
+def _tensor(out):
+    """The logits of a forward's result (a torch.export model returns a tuple of them)."""
+    return out if hasattr(out, "shape") else out[0]

@@ -17,7 +17,7 @@ from __future__ import annotations
 from tvm import relax, te, tirx
 from tvm.sym.analyzer import Analyzer
 
-from .mask_analysis import op_name, resolve
+from .mask_analysis import op_name, resolve, strip_reshapes
 
 
 def head_mask(heads: int, dim: int, groups: int, dtype: str, mask_dtype: str) -> tirx.PrimFunc:
@@ -47,9 +47,7 @@ def masked_in_transpose(operand, mask, groups: int, tokens, k: int, var2val, add
     """The gated `operand` masked by `mask` [1, T, groups] inside the transpose that writes it, as [tokens, k];
     None where the operand is not a transpose [1, T, H, D] (through reshapes) with H * D = k and H a multiple of
     `groups`. `add_func(name, primfunc)` adds the masking function to the module and returns its GlobalVar."""
-    t = operand
-    while op_name(resolve(t, var2val)) == "relax.reshape":
-        t = resolve(t, var2val).args[0]
+    t = strip_reshapes(operand, var2val)
     if op_name(resolve(t, var2val)) != "relax.permute_dims" or not isinstance(mask.ty, relax.TensorType):
         return None
     shape, mshape = t.ty.shape, mask.ty.shape

@@ -31,7 +31,7 @@ from ..schedules.root_block import with_root_block
 from ..schedules.launch_bounds import as_built
 from .head_mask import masked_in_transpose
 from .gate_report import UnloweredGate, derivation_vars, unlowered_gates
-from .mask_analysis import MaskInfo, Mismatch, analyse_mask, op_name, resolve
+from .mask_analysis import MaskInfo, Mismatch, analyse_mask, op_name, resolve, strip_reshapes
 from .patterns import gated_projection, gated_swiglu_ffn
 from .query_projection import binding_order, find_query_projection, vars_read
 
@@ -163,14 +163,6 @@ def _weight_dims(weight, layout: str) -> tuple[int, int] | None:
 
 def _name(expr) -> str:
     return expr.name if isinstance(expr, relax.Var) else "<expr>"
-
-
-def _strip_reshape(expr, var2val):
-    value = resolve(expr, var2val)
-    while op_name(value) == "relax.reshape":
-        expr = value.args[0]
-        value = resolve(expr, var2val)
-    return expr
 
 
 def _tokens_and_channels(expr, channels: int | None = None) -> tuple[tvm.ir.PrimExpr, int] | None:
@@ -386,7 +378,7 @@ def _rewrite_ffn(state: _State, pat):
         info = state.analyse(m[pat.proj.gated], m[pat.proj.mask], _channels_of(m[pat.proj.weight], v2v))
         if info is None:
             return expr
-        xg, xu = _strip_reshape(m[pat.x_gate], v2v), _strip_reshape(m[pat.x_up], v2v)
+        xg, xu = strip_reshapes(m[pat.x_gate], v2v), strip_reshapes(m[pat.x_up], v2v)
         if not xg.same_as(xu):
             return expr
         wg, lg = _weight(m[pat.w_gate], v2v)

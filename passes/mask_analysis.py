@@ -93,6 +93,13 @@ def resolve(expr, var2val):
     return expr
 
 
+def strip_reshapes(expr, var2val):
+    """`expr` seen through the reshapes that produce it (the tensor before the first of them)."""
+    while op_name(resolve(expr, var2val)) == "relax.reshape":
+        expr = resolve(expr, var2val).args[0]
+    return expr
+
+
 def node_name(expr, value=None) -> str:
     """How a report names a node: its variable and op (`lv87 = relax.equal`), or the op alone."""
     op = op_name(value if value is not None else expr) or type(value if value is not None else expr).__name__

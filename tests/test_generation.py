@@ -121,6 +121,19 @@ def test_wide_generate_streams_the_same_tokens(engine, capsys):
     assert "outside" in capsys.readouterr().err
 
 
+def test_wide_generate_takes_text_with_a_tokenizer(generation_library, capsys):
+    from wide_tvm.cli import generate_main
+    from wide_tvm.tokenizer import Tokenizer
+
+    lib, model, _, folder = generation_library
+    tok = Tokenizer(folder)
+    ids = tok.encode("bab bad")
+    assert generate_main([lib, "--tokenizer", folder, "--prompt", "bab bad", "--max-new-tokens", "5"]) == 0
+    assert capsys.readouterr().out.split() == tok.decode(_greedy(model, ids, 5)).split()
+    assert generate_main([lib, "--prompt", "bab"]) == 2
+    assert "needs a tokenizer" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt,fallback", [("pt2", "auto"), ("onnx", "always")])
 def test_generation_from_every_format_and_on_the_dense_fallbacks(exported, tmp_path, fmt, fallback):

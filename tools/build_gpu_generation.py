@@ -1,5 +1,6 @@
-"""Build here (no GPU) the generation check's library: the fp16 example model compiled for CUDA with --generation,
-into DIR/gen_fp16.so (+ weights); tools/gpu_generation_check.py runs it on the GPU host.
+"""Build here (no GPU) the generation check's libraries: the fp16 example model compiled for CUDA with --generation,
+into DIR/gen_fp16.so (+ weights), and the same without CUDA graphs (DIR/gen_fp16_nograph.so);
+tools/gpu_generation_check.py runs either on the GPU host.
     python tools/build_gpu_generation.py DIR"""
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ def main(argv=None) -> int:
     cfg = WideConfig()
     onnx = os.path.join(out, "gen_fp16.onnx")
     export_model(build_example(cfg, seed=3).half(), example_inputs(cfg), onnx)
-    compiled = wide_tvm.compile(onnx, "cuda", generation=True)
-    compiled.export(os.path.join(out, "gen_fp16.so"))
+    for name, graphs in (("gen_fp16.so", True), ("gen_fp16_nograph.so", False)):
+        compiled = wide_tvm.compile(onnx, "cuda", generation=True, cuda_graph=graphs)
+        compiled.export(os.path.join(out, name))
+        print(f"wrote {out}/{name}: {compiled.kv_cache}, CUDA graphs {graphs}")
     os.remove(onnx)
-    print(f"wrote {out}/gen_fp16.so: {compiled.kv_cache}")
     return 0
 
 

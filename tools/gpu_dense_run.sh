@@ -19,7 +19,9 @@ for step in $steps; do
   echo "== $step"
   case $step in
     check) python3 tools/gpu_check.py "$build/check" --json "$out/check.json" | grep -v "^  example" ;;
-    generation) python3 tools/gpu_generation_check.py "$build/gen/gen_fp16.so" --json "$out/generation.json" ;;
+    generation) python3 tools/gpu_generation_check.py "$build/gen/gen_fp16.so" --json "$out/generation.json"
+                python3 tools/gpu_generation_check.py "$build/gen/gen_fp16_nograph.so" \
+                  --json "$out/generation_nograph.json" | grep "decode step" ;;
     e2e) python3 -c "$bench" e2e "$build/e2e" --json "$out/e2e.json" --rows ours_gated ours_dense torch_compile \
            torch_eager --compile-prompts 4096 --compile-batches 1 --timeout 300 ;;
     dense) python3 -c "$bench" dense-run "$build/dense" --json "$out/dense.json" ;;

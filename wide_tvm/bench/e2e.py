@@ -111,6 +111,42 @@ def _bandwidth(device: str) -> float | None:
     return 2 * (1 << 31) / t
 
 
+def kernel_kind(name: str) -> str:
+    """A kernel's share of a decode step: "gated" (ours: wide_*), "dense" (cuBLAS / cuBLASLt), "attention" (the paged
+    KV cache's), or "other" (norms, RoPE, casts, sampling)."""
+    low = name.lower()
+    if "wide_" in low:
+        return "gated"
+    if any(k in low for k in ("nvjet", "gemm", "cutlass", "xmma", "cublas")):
+        return "dense"
+    if any(k in low for k in ("batch_decode", "batch_prefill", "attention", "kv_cache", "paged", "append",
+                              "merge_state", "copy_single_page")):
+        return "attention"
+    return "other"
+
+
+def _breakdown(step, iters: int) -> dict:
+    """Device time per decode step by kernel kind (CUPTI through torch.profiler), and the step's wall time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / iters * 1e6
+    out = {"gated": 0.0, "dense": 0.0, "attention": 0.0, "other": 0.0}
+    launches = 0
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and e.device_time_total > 0:
+            out[kernel_kind(e.name)] += e.device_time_total / iters
+            launches += 1
+    return {**{k: round(v, 1) for k, v in out.items()}, "launches": launches / iters,
+            "wall_profiled": round(wall, 1)}
+
+
 def _memory_gib(device: str) -> float | None:
     import torch
 
@@ -185,6 +221,10 @@ def run_ours(spec: dict, build_dir: str, variant: str, prompts, batches, context
             print(f"{variant}: decode ctx {c:5d} batch {b:3d}: {step * 1e3:8.2f} ms/step {b / step:9.1f} tok/s",
                   flush=True)
             out["memory_gib"] = _memory_gib(device)
+            if device == "cuda" and b == 1 and c == min(contexts):
+                out["decode_breakdown_us"] = _breakdown(lambda: steps_.sample(
+                    steps_.decode(seqs, tokens), [greedy] * b, [None] * b), 8)
+                print(f"{variant}: decode step at batch 1 by kernel (us): {out['decode_breakdown_us']}", flush=True)
             for s in seqs:
                 steps_.remove(s)
     return out

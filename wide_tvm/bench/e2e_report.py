@@ -52,6 +52,13 @@ def markdown(result: dict) -> str:
     costs = {r: fixed_cost(result, r) for r in rows}
     lines.append("| decode step at batch 1: fixed cost (beyond streaming its weights) | " + " | ".join(
         f"{c['fixed_share']:.0%} of {c['step_ms']:.2f} ms" if c else "-" for c in costs.values()) + " |")
+    kinds = ("gated", "dense", "attention", "other")
+    for row in rows:
+        parts = result["rows"][row].get("decode_breakdown_us")
+        if parts:
+            lines.append(f"\n{NAMES[row]}, one decode step at batch 1 by kernel (us of device time): "
+                         + ", ".join(f"{k} {parts[k]:.0f}" for k in kinds)
+                         + f"; {parts['launches']:.0f} launches, {parts['wall_profiled']:.0f} us wall (profiled)")
     for row, err in result.get("errors", {}).items():
         lines.append(f"\n{NAMES.get(row, row)}: failed: {err}")
     return "\n".join(lines)

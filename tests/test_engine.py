@@ -170,3 +170,28 @@ def test_text_prompts_stop_strings_and_streams(model):
     assert [e.finish_reason for e in events if e.finish_reason] == ["length", "length"]
     chat = tok.chat([{"role": "user", "content": "bab"}])
     assert chat == "<s>user: bab assistant:" and tok.encode(chat)[0] == 0
+
+
+def test_prefill_returns_the_logits_of_the_rows_asked_and_decode_continues(model):
+    """A ragged prefill of two prompts: the logits at their last tokens only, or at every token when asked; a decode
+    step after it; all equal PyTorch's (fp32)."""
+    from wide_tvm.engine import Steps
+
+    loaded, torch_model, cfg = model
+    steps = Steps(loaded, 4, 256, 64, cfg.vocab_size)
+    a, b = [3, 1, 4], [1, 5, 9, 2, 6]
+    with torch.no_grad():
+        ref = [torch_model(torch.tensor([p]))[0].numpy() for p in (a, b)]
+    for rows, want in (([2, 7], [ref[0][-1], ref[1][-1]]), (list(range(8)), [*ref[0], *ref[1]])):
+        steps.add(0)
+        steps.add(1)
+        got = steps.prefill([0, 1], [3, 5], a + b, rows).numpy()[0]
+        assert got.shape == (len(rows), cfg.vocab_size)
+        np.testing.assert_allclose(got, np.stack(want), rtol=0, atol=1e-5 * np.abs(want).max())
+        nxt = [int(ref[0][-1].argmax()), int(ref[1][-1].argmax())]
+        got = steps.decode([0, 1], nxt).numpy()[0]
+        with torch.no_grad():
+            dec = [torch_model(torch.tensor([p + [t]]))[0, -1].numpy() for p, t in zip((a, b), nxt)]
+        np.testing.assert_allclose(got, np.stack(dec), rtol=0, atol=1e-5 * np.abs(dec).max())
+        steps.remove(0)
+        steps.remove(1)

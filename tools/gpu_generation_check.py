@@ -42,6 +42,21 @@ def main(argv=None) -> int:
         same = next((i for i, (a, b) in enumerate(zip(result.token_ids, ref)) if a != b), len(ref))
         rows.append({"prompt_tokens": len(prompt), "ours": result.token_ids, "torch": ref, "identical_prefix": same})
         print(f"prompt of {len(prompt):2d}: {same}/{len(ref)} tokens identical to PyTorch fp16")
+    # the logits themselves: prefill's at the last prompt token, then one decode step's, against PyTorch fp16
+    from wide_tvm.engine import Steps
+
+    steps = Steps(loaded, 4, 2048, 2048, cfg.vocab_size)
+    errors = []
+    for i, prompt in enumerate(prompts):
+        steps.add(100 + i)
+        ours = [steps.prefill([100 + i], [len(prompt)], prompt, [len(prompt) - 1]).numpy()[0, 0]]
+        nxt = int(ours[0].argmax())
+        ours.append(steps.decode([100 + i], [nxt]).numpy()[0, 0])
+        steps.remove(100 + i)
+        with torch.no_grad():
+            ref = model(torch.tensor([prompt + [nxt]], device="cuda"))[0, -2:].float().cpu().numpy()
+        errors.append(float(max(np.abs(o.astype("float32") - r).max() / np.abs(r).max() for o, r in zip(ours, ref))))
+    print(f"prefill / decode logits vs PyTorch fp16: max error {max(errors):.2e} of the largest logit")
     alone = [engine.generate([q], max_new_tokens=args.new)[0].token_ids for q in prompts]
     batched_equal = alone == [r.token_ids for r in results]
     opts = dict(max_new_tokens=args.new, temperature=0.8, top_p=0.9, top_k=40, seed=11)
@@ -63,7 +78,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(0), "generation": loaded.meta.get("generation"),
-                       "rows": rows, "batched_equals_alone": batched_equal, "seeded_sampling_repeats": seeded_equal,
+                       "rows": rows, "logits_max_rel_error": max(errors), "batched_equals_alone": batched_equal, "seeded_sampling_repeats": seeded_equal,
                        "timing": timing}, f, indent=1)
     return 0
 

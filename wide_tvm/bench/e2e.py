@@ -96,6 +96,27 @@ def _cuda_time(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def _record_ttft(out: dict, name: str, prompt: int, first_token) -> None:
+    """Warm once, then the median of 5 (out["ttft_ms"][prompt])."""
+    first_token()
+    out["ttft_ms"][str(prompt)] = _cuda_time(first_token, 5) * 1e3
+    print(f"{name}: TTFT at {prompt:5d} tokens {out['ttft_ms'][str(prompt)]:8.2f} ms", flush=True)
+
+
+def _record_decode(out: dict, name: str, context: int, batch: int, step, steps: int) -> None:
+    """Three warm steps (CUDA graphs captured, torch.compile compiled), then `steps` timed back to back."""
+    for _ in range(3):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    seconds = (time.perf_counter() - t0) / steps
+    out["step_ms"][str(context)][str(batch)] = seconds * 1e3
+    out["decode_tok_s"][str(context)][str(batch)] = batch / seconds
+    print(f"{name}: decode ctx {context:5d} batch {batch:3d}: {seconds * 1e3:8.2f} ms/step "
+          f"{batch / seconds:9.1f} tok/s", flush=True)
+
+
 def _bandwidth(device: str) -> float | None:
     """Device-to-device copy bandwidth in bytes/s (read + write of 2 GiB); None off the GPU."""
     import torch
@@ -195,9 +216,7 @@ def run_ours(spec: dict, build_dir: str, variant: str, prompts, batches, context
             steps_.sample(steps_.prefill([0], [p], ids, [p - 1]), [greedy], [None])
             steps_.remove(0)
 
-        first_token()
-        out["ttft_ms"][str(p)] = _cuda_time(first_token, 5) * 1e3
-        print(f"{variant}: TTFT at {p:5d} tokens {out['ttft_ms'][str(p)]:8.2f} ms", flush=True)
+        _record_ttft(out, variant, p, first_token)
     for c in contexts:
         out["step_ms"][str(c)], out["decode_tok_s"][str(c)] = {}, {}
         for b in batches:
@@ -209,21 +228,15 @@ def run_ours(spec: dict, build_dir: str, variant: str, prompts, batches, context
                 group = seqs[i:i + per_call]
                 steps_.prefill(group, [c] * len(group), rng.integers(0, vocab, c * len(group)).tolist(),
                                [c * len(group) - 1])
-            tokens = rng.integers(0, vocab, b).tolist()
-            for _ in range(3):  # (warm: the CUDA graph of this batch size captured)
-                tokens = steps_.sample(steps_.decode(seqs, tokens), [greedy] * b, [None] * b)
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                tokens = steps_.sample(steps_.decode(seqs, tokens), [greedy] * b, [None] * b)
-            step = (time.perf_counter() - t0) / steps
-            out["step_ms"][str(c)][str(b)] = step * 1e3
-            out["decode_tok_s"][str(c)][str(b)] = b / step
-            print(f"{variant}: decode ctx {c:5d} batch {b:3d}: {step * 1e3:8.2f} ms/step {b / step:9.1f} tok/s",
-                  flush=True)
+            tokens = [rng.integers(0, vocab, b).tolist()]
+
+            def step():  # (the new ids on the host: what the next step feeds)
+                tokens[0] = steps_.sample(steps_.decode(seqs, tokens[0]), [greedy] * b, [None] * b)
+
+            _record_decode(out, variant, c, b, step, steps)
             out["memory_gib"] = _memory_gib(device)
             if device == "cuda" and b == 1 and c == min(contexts):
-                out["decode_breakdown_us"] = _breakdown(lambda: steps_.sample(
-                    steps_.decode(seqs, tokens), [greedy] * b, [None] * b), 8)
+                out["decode_breakdown_us"] = _breakdown(step, 8)
                 print(f"{variant}: decode step at batch 1 by kernel (us): {out['decode_breakdown_us']}", flush=True)
             for s in seqs:
                 steps_.remove(s)
@@ -251,27 +264,19 @@ def run_torch(cfg_dict: dict, compiled: bool, prompts, batches, contexts, steps:
             def first_token():
                 return int(forward(ids, pos)[0, -1].argmax())
 
-            first_token()
-            first_token()
-            out["ttft_ms"][str(p)] = _cuda_time(first_token, 5) * 1e3
-            print(f"{name}: TTFT at {p:5d} tokens {out['ttft_ms'][str(p)]:8.2f} ms", flush=True)
+            first_token()  # (torch.compile: the compilation)
+            _record_ttft(out, name, p, first_token)
         for c in contexts:
             out["step_ms"][str(c)], out["decode_tok_s"][str(c)] = {}, {}
             for b in batches:
-                tokens = torch.randint(0, cfg.vocab_size, (b, 1), device=device)
+                tokens = [torch.randint(0, cfg.vocab_size, (b, 1), device=device)]
                 pos = torch.tensor([c], device=device)
-                for _ in range(3):
-                    tokens = forward(tokens, pos)[:, -1].argmax(-1, keepdim=True).clone()
-                tokens.tolist()
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    tokens = forward(tokens, pos)[:, -1].argmax(-1, keepdim=True).clone()
-                    tokens.tolist()  # (the ids on the host every step, as an engine needs them)
-                step = (time.perf_counter() - t0) / steps
-                out["step_ms"][str(c)][str(b)] = step * 1e3
-                out["decode_tok_s"][str(c)][str(b)] = b / step
-                print(f"{name}: decode ctx {c:5d} batch {b:3d}: {step * 1e3:8.2f} ms/step {b / step:9.1f} tok/s",
-                      flush=True)
+
+                def step():  # (the ids on the host every step, as an engine needs them)
+                    tokens[0] = forward(tokens[0], pos)[:, -1].argmax(-1, keepdim=True).clone()
+                    tokens[0].tolist()
+
+                _record_decode(out, name, c, b, step, steps)
     out["memory_gib"] = _memory_gib(device)
     return out
 

@@ -35,13 +35,18 @@ def test_the_end_to_end_benchmark_runs_every_row_on_the_cpu(tmp_path):
 
     build_e2e(str(tmp_path), target="llvm", max_batch=4, name="tiny")
     out = str(tmp_path / "e2e_result.json")
-    result = run_e2e(str(tmp_path), out, rows=("ours_gated", "ours_dense", "torch_eager"), prompts=(8, 24),
-                     batches=(1, 3), contexts=(16,), steps=4, timeout=600)
-    assert result["errors"] == {} and set(result["rows"]) == {"ours_gated", "ours_dense", "torch_eager"}
+    rows = ("ours_gated", "ours_gated@0.25", "ours_dense", "torch_eager")
+    result = run_e2e(str(tmp_path), out, rows=rows, prompts=(8, 24), batches=(1, 3), contexts=(16,), steps=4,
+                     timeout=600)
+    assert result["errors"] == {} and set(result["rows"]) == set(rows)
     for row in result["rows"].values():
         assert all(row["ttft_ms"][str(p)] > 0 for p in (8, 24))
         assert all(row["decode_tok_s"]["16"][str(b)] > 0 for b in (1, 3))
+    for name in ("ours_gated", "ours_gated@0.25", "ours_dense"):  # (the PyTorch WIDE model's weights: the same model)
+        assert result["rows"][name]["main_vs_torch"] < 1e-4, name
+    assert abs(result["rows"]["ours_gated"]["active_share"] - 0.5) < 0.1
+    assert abs(result["rows"]["ours_gated@0.25"]["active_share"] - 0.25) < 0.1
     assert json.load(open(out))["kind"] == "e2e"
     table = markdown(result)
-    assert "| 16, 3 |" in table and "ours, gated" in table
+    assert "| 16, 3 |" in table and "ours, gated (25% active)" in table
     assert plot(result, str(tmp_path / "e2e.png")).endswith(".png")

@@ -41,6 +41,8 @@ class Compiled:
     fallbacks: dict = field(default_factory=dict)  # kernel symbol -> (token ranges on the dense fallback, source)
     kv_cache: object = None  # passes.kv_cache_attention.CacheShape of a generation build, else None
     generation: dict | None = None  # a generation build's {"max_batch", "vocab", "cuda_graph"}, else None
+    # each weight stored in another layout than the model's: name -> (the model's weight, its layout, the stored one)
+    weight_origins: dict = field(default_factory=dict)
 
     @property
     def device_kind(self) -> str:
@@ -133,18 +135,23 @@ def _repacked(w, src: str, layout: str):
     return np.ascontiguousarray(weight_layout.pack(w if src == "nk" else w.T, layout))
 
 
-def _repack_weights(imported, plan) -> None:
+def _repack_weights(imported, plan) -> dict:
     """The stored arrays as the lowered module's parameters take them (passes/lower_gated.py: GatedPlan): repacked
-    once, here, and where a dense fallback still reads the stored array, the repacked copy right after it."""
-    arrays, names = [], []
+    once, here, and where a dense fallback still reads the stored array, the repacked copy right after it; returns
+    what Compiled.weight_origins records."""
+    arrays, names, origins = [], [], {}
     for w, name in zip(imported.weights, imported.weight_names):
         arrays.append(_repacked(w, *plan.repacked[name]) if name in plan.repacked else w)
         names.append(name)
+        if name in plan.repacked:
+            origins[name] = (name, *plan.repacked[name])
         if name in plan.copies:
             copy, layout, have = plan.copies[name]
             arrays.append(_repacked(w, layout, have))
             names.append(copy)
+            origins[copy] = (name, layout, have)
     imported.weights, imported.weight_names = arrays, names
+    return origins
 
 
 def prepare_builds() -> None:
@@ -251,7 +258,7 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
         lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
         raise WideError(f"{imported.source}: compiling for {tgt.kind.name} failed: "
                         f"{lines[-1] if lines else type(err).__name__}") from None
-    _repack_weights(imported, lower.plan)
+    origins = _repack_weights(imported, lower.plan)
     for gate in lower.plan.unlowered:
         warnings.warn(f"{imported.source}: {gate}", UnloweredGateWarning, stacklevel=2)
     if not lower.plan.layers and not dense:
@@ -262,4 +269,4 @@ def compile(model, target: str = "llvm", tuning_log: str | None = None,  # noqa:
                     extern if matmuls or lower.plan.fallbacks else None, matmuls, lower.plan.derived,
                     lower.plan.fallbacks, adder.cache if adder else None,
                     {"max_batch": adder.max_batch, "vocab": adder.vocab, "cuda_graph": adder.cuda_graph}
-                    if adder else None)
+                    if adder else None, origins)

@@ -46,10 +46,11 @@ def build_e2e(out_dir: str, layers: int | None = None, target: str = "cuda", max
     cfg = E2E_MODELS[name]
     cfg = replace(cfg, num_layers=layers) if layers else cfg
     os.makedirs(out_dir, exist_ok=True)
+    dtype = "float16" if target.startswith("cuda") else "float32"  # (the CPU's BLAS is fp32)
     libs = {}
     for variant, options in (("gated", {}), ("dense", {"dense": True})):
         t0 = time.time()
-        compiled = wide_tvm.compile(import_for_benchmark(cfg), target, generation=True, max_batch=max_batch,
+        compiled = wide_tvm.compile(import_for_benchmark(cfg, dtype), target, generation=True, max_batch=max_batch,
                                     **options)
         lib = f"e2e_{variant}.so"
         compiled.export_library(os.path.join(out_dir, lib))
@@ -59,11 +60,12 @@ def build_e2e(out_dir: str, layers: int | None = None, target: str = "cuda", max
                          "inputs": compiled.model.input_specs(), "generation": compiled.generation,
                          "kv_cache": asdict(compiled.kv_cache), "blas": compiled.meta()["blas"],
                          "dense_read_bytes": dense_bytes, "gated_read_bytes": gated_bytes,
+                         "weight_names": compiled.model.weight_names, "weight_origins": compiled.weight_origins,
                          "compile_s": round(time.time() - t0, 1)}
         print(f"{variant}: {lib} ({len(compiled.layers)} gated layers, {time.time() - t0:.0f} s)", flush=True)
     with open(os.path.join(out_dir, "e2e.json"), "w") as f:
-        json.dump({"model": name, "config": json.loads(cfg.to_json()), "target": target, "libraries": libs}, f,
-                  indent=1)
+        json.dump({"model": name, "config": json.loads(cfg.to_json()), "target": target, "dtype": dtype,
+                   "libraries": libs}, f, indent=1)
     return out_dir
 
 
@@ -177,8 +179,11 @@ def _memory_gib(device: str) -> float | None:
     return (total - free) / 2**30
 
 
-def run_ours(spec: dict, build_dir: str, variant: str, prompts, batches, contexts, steps: int) -> dict:
-    """Our engine's rows for one library, timed on its device functions (wide_tvm/engine.py: Steps)."""
+def run_ours(spec: dict, build_dir: str, variant: str, prompts, batches, contexts, steps: int,
+             active: float = 0.5) -> dict:
+    """Our engine's rows for one library, timed on its device functions (wide_tvm/engine.py: Steps), on the
+    weights of the PyTorch WIDE model (bench/e2e_weights.py) whose routers execute `active` of the groups; first its
+    stateless `main` against that model on 16 tokens."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -190,7 +195,8 @@ def run_ours(spec: dict, build_dir: str, variant: str, prompts, batches, context
     from ..engine import Steps
     from ..runtime import ensure_cuda_runtime
     from ..sampling import SamplingParams
-    from .model import random_weights
+    from ..model.config import WideConfig
+    from .e2e_weights import active_share, calibrate, library_weights, reference_model
 
     lib = spec["libraries"][variant]
     device = "cuda" if spec["target"].startswith("cuda") else "cpu"
@@ -199,7 +205,23 @@ def run_ours(spec: dict, build_dir: str, variant: str, prompts, batches, context
     load_blas(lib["blas"])  # (the vendor BLAS the library links: blas/libraries.py)
     dev = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
     vm = rvm.VirtualMachine(tvm.runtime.load_module(os.path.join(build_dir, lib["library"])), dev)
-    weights = [tvm.runtime.from_dlpack(w) for w in random_weights(lib["weights"], torch.device(device), seed=0)]
+    reference = reference_model(WideConfig(**spec["config"]), torch.device(device), seed=0,
+                                dtype=getattr(torch, spec.get("dtype", "float16")))
+    calibrate(reference, active)
+    share = active_share(reference)
+    tensors = library_weights(lib, reference.state_dict())
+    weights = [tvm.runtime.from_dlpack(w) for w in tensors]
+    ids = torch.randint(0, spec["config"]["vocab_size"], (1, 16), device=device)
+    with torch.no_grad():
+        want = reference(ids).float()
+    got = vm["main"](tvm.runtime.from_dlpack(ids), *weights)
+    got = torch.from_dlpack(got if hasattr(got, "shape") else got[0]).float()  # (torch.export: a tuple)
+    error = float((got - want).abs().max() / want.abs().max())
+    print(f"{variant}: {share:.1%} of the groups active; main vs the PyTorch model: {error:.2e} of the largest "
+          "logit", flush=True)
+    del reference, want, got
+    if device == "cuda":
+        torch.cuda.empty_cache()
     weight_bytes = lib["dense_read_bytes"] + lib["gated_read_bytes"]
     vocab = spec["config"]["vocab_size"]
     capacity = max(max(batches) * (max(contexts) + steps + 32), max(prompts) + 32)
@@ -207,7 +229,7 @@ def run_ours(spec: dict, build_dir: str, variant: str, prompts, batches, context
     greedy = SamplingParams(max_new_tokens=1)
     rng = np.random.default_rng(0)
     out = {"weight_bytes": weight_bytes, "gated_weight_bytes": lib["gated_read_bytes"], "ttft_ms": {},
-           "step_ms": {}, "decode_tok_s": {}}
+           "step_ms": {}, "decode_tok_s": {}, "active_share": share, "main_vs_torch": error}
     for p in prompts:
         ids = rng.integers(0, vocab, p).tolist()
 
@@ -288,7 +310,8 @@ def run_row(build_dir: str, row: str, out_json: str, prompts=PROMPTS, batches=BA
         spec = json.load(f)
     device = "cuda" if spec["target"].startswith("cuda") else "cpu"
     if row.startswith("ours_"):
-        result = run_ours(spec, build_dir, row[5:], prompts, batches, contexts, steps)
+        variant, _, share = row[5:].partition("@")  # ours_gated@0.25: a quarter of the groups active
+        result = run_ours(spec, build_dir, variant, prompts, batches, contexts, steps, float(share or 0.5))
     else:
         result = run_torch(spec["config"], row == "torch_compile", prompts, batches, contexts, steps, device)
     bandwidth = _bandwidth(device)

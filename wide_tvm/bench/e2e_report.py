@@ -6,13 +6,25 @@ NAMES = {"ours_gated": "ours, gated", "ours_dense": "ours, dense", "torch_eager"
          "torch_compile": "torch.compile (static cache, CUDA graphs)"}
 
 
+def name(row: str) -> str:
+    """A row's title: ours_gated@0.25 -> "ours, gated (25 % active)"."""
+    base, _, share = row.partition("@")
+    return NAMES.get(base, base) + (f" ({float(share):.0%} active)" if share else "")
+
+
+def ordered(result: dict) -> list[str]:
+    return sorted(result["rows"], key=lambda r: (list(NAMES).index(r.split("@")[0]) if r.split("@")[0] in NAMES
+                                                 else len(NAMES), r))
+
+
 def _ratio(a, b) -> str:
     return f"{a / b:.2f}x" if a and b else "-"
 
 
-def fixed_cost(result: dict, row: str, sparsity: float = 0.5) -> dict | None:
+def fixed_cost(result: dict, row: str) -> dict | None:
     """Batch-1 decode at the smallest context: the step, the time to stream the weights it reads at the measured
-    bandwidth (gated: the gated layers' weights at 1 - sparsity), and the rest (the fixed cost) as a share."""
+    bandwidth (gated: the gated layers' weights at the measured active share), and the rest (the fixed cost) as a
+    share of the step."""
     r = result["rows"].get(row)
     if not r or not r.get("step_ms"):
         return None
@@ -22,16 +34,17 @@ def fixed_cost(result: dict, row: str, sparsity: float = 0.5) -> dict | None:
         return None
     if not r.get("bandwidth_gb_s"):
         return None
-    read = r["weight_bytes"] - (sparsity * r.get("gated_weight_bytes", 0) if row == "ours_gated" else 0)
+    skipped = 1 - r.get("active_share", 1.0) if row.startswith("ours_gated") else 0.0
+    read = r["weight_bytes"] - skipped * r.get("gated_weight_bytes", 0)
     stream = read / (r["bandwidth_gb_s"] * 1e9) * 1e3
     return {"step_ms": step, "stream_ms": stream, "fixed_share": max(step - stream, 0) / step}
 
 
 def markdown(result: dict) -> str:
-    rows = [r for r in NAMES if r in result["rows"]]
+    rows = ordered(result)
     lines = [f"End to end on {result['device']}: {result['model']['num_layers']} layers of hidden "
              f"{result['model']['hidden_size']}, vocabulary {result['model']['vocab_size']}, fp16; medians.", "",
-             "| TTFT (ms) at prompt | " + " | ".join(NAMES[r] for r in rows) + " | gated vs dense | gated vs "
+             "| TTFT (ms) at prompt | " + " | ".join(name(r) for r in rows) + " | gated vs dense | gated vs "
              "torch.compile |", "|---" * (len(rows) + 3) + "|"]
     get = (lambda row, *keys: _dig(result["rows"].get(row, {}), keys))
     for p in result["prompts"]:
@@ -39,7 +52,7 @@ def markdown(result: dict) -> str:
         lines.append(f"| {p} | " + " | ".join(f"{v:.2f}" if v else "-" for v in vals) + " | "
                      f"{_ratio(get('ours_dense', 'ttft_ms', str(p)), get('ours_gated', 'ttft_ms', str(p)))} | "
                      f"{_ratio(get('torch_compile', 'ttft_ms', str(p)), get('ours_gated', 'ttft_ms', str(p)))} |")
-    lines += ["", "| decode tok/s (context, batch) | " + " | ".join(NAMES[r] for r in rows)
+    lines += ["", "| decode tok/s (context, batch) | " + " | ".join(name(r) for r in rows)
               + " | gated vs dense | gated vs torch.compile |", "|---" * (len(rows) + 3) + "|"]
     for c in result["contexts"]:
         for b in result["batches"]:
@@ -47,8 +60,11 @@ def markdown(result: dict) -> str:
             lines.append(f"| {c}, {b} | " + " | ".join(f"{v:.1f}" if v else "-" for v in vals) + " | "
                          f"{_ratio(get('ours_gated', 'decode_tok_s', str(c), str(b)), get('ours_dense', 'decode_tok_s', str(c), str(b)))} | "
                          f"{_ratio(get('ours_gated', 'decode_tok_s', str(c), str(b)), get('torch_compile', 'decode_tok_s', str(c), str(b)))} |")
-    lines += ["", "| | " + " | ".join(NAMES[r] for r in rows) + " |", "|---" * (len(rows) + 1) + "|",
+    lines += ["", "| | " + " | ".join(name(r) for r in rows) + " |", "|---" * (len(rows) + 1) + "|",
               "| GPU memory in use (GiB) | " + " | ".join(f"{get(r, 'memory_gib') or 0:.1f}" for r in rows) + " |"]
+    lines.append("| groups active (measured) / main vs the PyTorch model | " + " | ".join(
+        f"{get(r, 'active_share'):.0%} / {get(r, 'main_vs_torch'):.1e}" if get(r, "active_share") is not None else "-"
+        for r in rows) + " |")
     costs = {r: fixed_cost(result, r) for r in rows}
     lines.append("| decode step at batch 1: fixed cost (beyond streaming its weights) | " + " | ".join(
         f"{c['fixed_share']:.0%} of {c['step_ms']:.2f} ms" if c else "-" for c in costs.values()) + " |")
@@ -56,11 +72,11 @@ def markdown(result: dict) -> str:
     for row in rows:
         parts = result["rows"][row].get("decode_breakdown_us")
         if parts:
-            lines.append(f"\n{NAMES[row]}, one decode step at batch 1 by kernel (us of device time): "
+            lines.append(f"\n{name(row)}, one decode step at batch 1 by kernel (us of device time): "
                          + ", ".join(f"{k} {parts[k]:.0f}" for k in kinds)
                          + f"; {parts['launches']:.0f} launches, {parts['wall_profiled']:.0f} us wall (profiled)")
     for row, err in result.get("errors", {}).items():
-        lines.append(f"\n{NAMES.get(row, row)}: failed: {err}")
+        lines.append(f"\n{name(row)}: failed: {err}")
     return "\n".join(lines)
 
 
@@ -78,14 +94,14 @@ def plot(result: dict, path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in NAMES if r in result["rows"]]
+    rows = ordered(result)
     fig, axes = plt.subplots(1, 1 + len(result["contexts"]), figsize=(5 * (1 + len(result["contexts"])), 4))
     for r in rows:
         ttft = result["rows"][r].get("ttft_ms", {})
-        axes[0].plot(result["prompts"], [ttft.get(str(p)) for p in result["prompts"]], marker="o", label=NAMES[r])
+        axes[0].plot(result["prompts"], [ttft.get(str(p)) for p in result["prompts"]], marker="o", label=name(r))
         for ax, c in zip(axes[1:], result["contexts"]):
             tok = result["rows"][r].get("decode_tok_s", {}).get(str(c), {})
-            ax.plot(result["batches"], [tok.get(str(b)) for b in result["batches"]], marker="o", label=NAMES[r])
+            ax.plot(result["batches"], [tok.get(str(b)) for b in result["batches"]], marker="o", label=name(r))
     axes[0].set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="TTFT (ms)", title="time to first token")
     for ax, c in zip(axes[1:], result["contexts"]):
         ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="tokens / s", title=f"decode, context {c}")

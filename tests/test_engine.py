@@ -163,6 +163,14 @@ def test_text_prompts_stop_strings_and_streams(model):
         cut = loaded.generate([prompt], max_new_tokens=12, stop=[stop_word])[0]
         assert cut.finish_reason == "stop" and cut.token_ids == full.token_ids[:5]
         assert cut.text == full.text[:full.text.index(stop_word)]
+    # a stop string across two tokens: the stream holds its start back, so the pieces add up to the text
+    words = tok.decode(full.token_ids[:8]).split()
+    if len(set(words)) == len(words):
+        span = " ".join(words[5:7])
+        events = list(loaded.generate([prompt], max_new_tokens=12, stop=[span], stream=True))
+        cut = loaded.generate([prompt], max_new_tokens=12, stop=[span])[0]
+        assert cut.finish_reason == "stop" and cut.token_ids == full.token_ids[:7]
+        assert "".join(e.text for e in events) == cut.text == full.text[:full.text.index(span)]
     by_id = loaded.generate([ids], max_new_tokens=12, stop=[full.token_ids[2]])[0]
     assert by_id.token_ids == full.token_ids[:3] and by_id.finish_reason == "stop"
     events = list(loaded.generate([prompt, [1, 2, 3]], max_new_tokens=6, stream=True))

@@ -76,6 +76,7 @@ class Request:
         self.rng = np.random.default_rng(params.seed)
         self.prefilled = 0  # prompt tokens already in the cache
         self.pages = 0  # cache pages reserved
+        self.sent = 0  # characters of the text streamed
 
     def wait(self, timeout: float | None = None) -> Generation:
         """The result once the request ends; its error re-raised (a WideError) where it failed."""
@@ -322,14 +323,17 @@ class Engine:
             res.token_ids.append(token)
             reason = "stop" if token in p.stop_token_ids or (token in stops and not p.ignore_eos) else None
             delta = ""
-            if r.detok is not None and reason is None:
-                delta = r.detok.add(token)
-                text = res.text + delta
-                cut = min((i for i in (text.find(s) for s in p.stop) if i >= 0), default=-1)
-                if cut >= 0:
-                    delta, text, reason = delta[:max(cut - len(res.text), 0)], text[:cut], "stop"
-                res.text = text
-            if reason is None and len(res.token_ids) >= p.max_new_tokens:
+            if r.detok is not None:
+                if reason is None:
+                    text = res.text + r.detok.add(token)
+                    cut = min((i for i in (text.find(s) for s in p.stop) if i >= 0), default=-1)
+                    res.text, reason = (text[:cut], "stop") if cut >= 0 else (text, None)
+                if reason is None and len(res.token_ids) >= p.max_new_tokens:
+                    reason = "length"
+                # streamed text holds back what may be the start of a stop string, so the pieces add up to .text
+                end = len(res.text) if reason else len(res.text) - _stop_prefix(res.text, p.stop)
+                delta, r.sent = res.text[r.sent:end], max(r.sent, end)
+            elif reason is None and len(res.token_ids) >= p.max_new_tokens:
                 reason = "length"
             if r.on_event is not None:
                 r.on_event(Event(r.index, token, delta))
@@ -402,6 +406,12 @@ class Steps:
             ids = self.vm[SAMPLE](logits, *(self.tvm.runtime.tensor(a[k], self.dev)
                                             for k in ("temperature", "top_p", "top_k", "uniform")))
         return [int(t) for t in ids.numpy()[:len(params)]]
+
+
+def _stop_prefix(text: str, stops) -> int:
+    """The length of the longest end of `text` that begins one of `stops` (0: none)."""
+    return max((k for s in stops for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])),
+               default=0)
 
 
 def _tensor(out):

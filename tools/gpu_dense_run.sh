@@ -23,7 +23,8 @@ for step in $steps; do
                 python3 tools/gpu_generation_check.py "$build/gen/gen_fp16_nograph.so" \
                   --json "$out/generation_nograph.json" | grep "decode step" ;;
     e2e) python3 -c "$bench" e2e "$build/e2e" --json "$out/e2e.json" --rows ours_gated ours_dense torch_compile \
-           torch_eager ours_gated@0.25 ours_gated@0.75 --compile-prompts 4096 --compile-batches 1 --timeout 300 ;;
+           torch_eager ours_gated@0.25 ours_gated@0.75 ours_gated_nograph --compile-prompts 4096 --compile-batches 1 \
+           --timeout 300 ;;
     dense) python3 -c "$bench" dense-run "$build/dense" --json "$out/dense.json" ;;
     model) python3 -c "$bench" model-run "$build/model" --json "$out/model.json" ;;
     gated) python3 -c "$bench" run "$build/bench" --json "$out/gated.json" --tokens $crossover_tokens \

@@ -36,7 +36,8 @@ ROWS = ("ours_gated", "ours_dense", "torch_eager", "torch_compile")
 def build_e2e(out_dir: str, layers: int | None = None, target: str = "cuda", max_batch: int = 64,
               name: str = "llama8b") -> str:
     """Compile the benchmark model gated and dense with generation=True into DIR (e2e_gated.so, e2e_dense.so,
-    e2e.json)."""
+    e2e.json); on CUDA also gated without CUDA graphs (e2e_gated_nograph.so: what the graphs save, or the numbers
+    where a capture fails)."""
     from dataclasses import asdict, replace
 
     import wide_tvm
@@ -48,7 +49,10 @@ def build_e2e(out_dir: str, layers: int | None = None, target: str = "cuda", max
     os.makedirs(out_dir, exist_ok=True)
     dtype = "float16" if target.startswith("cuda") else "float32"  # (the CPU's BLAS is fp32)
     libs = {}
-    for variant, options in (("gated", {}), ("dense", {"dense": True})):
+    variants = [("gated", {}), ("dense", {"dense": True})]
+    if target.startswith("cuda"):
+        variants.append(("gated_nograph", {"cuda_graph": False}))
+    for variant, options in variants:
         t0 = time.time()
         compiled = wide_tvm.compile(import_for_benchmark(cfg, dtype), target, generation=True, max_batch=max_batch,
                                     **options)
@@ -129,9 +133,7 @@ def _bandwidth(device: str) -> float | None:
     y = torch.empty_like(x)
     y.copy_(x)
     torch.cuda.synchronize()
-    t = _cuda_time(lambda: (y.copy_(x), torch.cuda.synchronize()), 10)
-    del x, y
-    return 2 * (1 << 31) / t
+    return 2 * (1 << 31) / _cuda_time(lambda: (y.copy_(x), torch.cuda.synchronize()), 10)
 
 
 def kernel_kind(name: str) -> str:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-NAMES = {"ours_gated": "ours, gated", "ours_dense": "ours, dense", "torch_eager": "PyTorch eager (SDPA, static cache)",
+NAMES = {"ours_gated": "ours, gated", "ours_gated_nograph": "ours, gated, no CUDA graphs",
+         "ours_dense": "ours, dense", "torch_eager": "PyTorch eager (SDPA, static cache)",
          "torch_compile": "torch.compile (static cache, CUDA graphs)"}
 
 
@@ -56,10 +57,10 @@ def markdown(result: dict) -> str:
               + " | gated vs dense | gated vs torch.compile |", "|---" * (len(rows) + 3) + "|"]
     for c in result["contexts"]:
         for b in result["batches"]:
-            vals = [get(r, "decode_tok_s", str(c), str(b)) for r in rows]
-            lines.append(f"| {c}, {b} | " + " | ".join(f"{v:.1f}" if v else "-" for v in vals) + " | "
-                         f"{_ratio(get('ours_gated', 'decode_tok_s', str(c), str(b)), get('ours_dense', 'decode_tok_s', str(c), str(b)))} | "
-                         f"{_ratio(get('ours_gated', 'decode_tok_s', str(c), str(b)), get('torch_compile', 'decode_tok_s', str(c), str(b)))} |")
+            tok = {r: get(r, "decode_tok_s", str(c), str(b)) for r in rows}
+            lines.append(f"| {c}, {b} | " + " | ".join(f"{v:.1f}" if v else "-" for v in tok.values()) + " | "
+                         f"{_ratio(tok.get('ours_gated'), tok.get('ours_dense'))} | "
+                         f"{_ratio(tok.get('ours_gated'), tok.get('torch_compile'))} |")
     lines += ["", "| | " + " | ".join(name(r) for r in rows) + " |", "|---" * (len(rows) + 1) + "|",
               "| GPU memory in use (GiB) | " + " | ".join(f"{get(r, 'memory_gib') or 0:.1f}" for r in rows) + " |"]
     lines.append("| groups active (measured) / main vs the PyTorch model | " + " | ".join(

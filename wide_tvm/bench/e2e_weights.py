@@ -22,7 +22,8 @@ import re
 def _value(name: str, shape, dtype, device, seed: int):
     import torch
 
-    gen = torch.Generator(device=device).manual_seed(int(hashlib.sha256(f"{seed}:{name}".encode()).hexdigest()[:15], 16))
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).hexdigest()
+    gen = torch.Generator(device=device).manual_seed(int(digest[:15], 16))
     if name.endswith("bias"):
         return torch.zeros(shape, dtype=dtype, device=device)
     if len(shape) == 1:

@@ -1,5 +1,5 @@
-"""Attention onto TVM's paged KV cache: the stateless `main` (input_ids [1, T] -> logits) also as `batch_forward`,
-whose attention reads and appends the cache (issue 55: generation).
+"""Attention onto TVM's paged KV cache: the stateless `main` (input_ids [1, T] -> logits) also as `prefill` and
+`decode`, whose attention reads and appends the cache (issue 55: generation).
 
 The compiler finds each attention core in the imported graph by what it computes, as it finds gated layers:
 
@@ -11,8 +11,8 @@ The compiler finds each attention core in the imported graph by what it computes
                                                       fully masked rows (none are, with a causal mask)
 
 where k' and v' are k, v [1, Hkv, T, D] repeated to H heads the way repeat_kv does (expand_dims at axis 2,
-broadcast to [1, Hkv, H / Hkv, T, D], reshape), or k, v themselves (Hkv = H). In `batch_forward(input_ids [1, n],
-paged_kv_cache, weights...)` each core becomes
+broadcast to [1, Hkv, H / Hkv, T, D], reshape), or k, v themselves (Hkv = H). In `prefill` and `decode`
+(add_generation_functions) each core becomes
 
     out = attention_with_fused_qkv(layer, concat([q, k, v] as [n, heads, D], axis=1), sm_scale = 1 / c)
 
@@ -353,7 +353,7 @@ def add_generation_functions(mod: tvm.IRModule, decode_batch: int, entry: str = 
     cache = relax.Var("paged_kv_cache", relax.ObjectType())
     body = _ToCache(mod, cores, cache, tokens).visit_expr(func.body)
     attrs = {"tir_var_upper_bound": {tokens.name: decode_batch}}
-    if cuda_graph and isinstance(tokens, tvm.tirx.Var):
+    if cuda_graph:
         attrs["relax.rewrite_cuda_graph.capture_symbolic_vars"] = [tokens.name]
     out[DECODE] = _entry(func, body, [*inputs, cache, *weights], num_input + 1, DECODE, attrs)
     return out, shape

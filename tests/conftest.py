@@ -38,6 +38,21 @@ def module_sources(executable) -> str:
     return "".join(m.inspect_source() for m in modules if m.kind in ("llvm", "cuda"))
 
 
+def greedy_tokens(model, prompt: list[int], new: int) -> list[int]:
+    """PyTorch's greedy continuation of `prompt` (a model returning logits, or an output with .logits), the whole
+    sequence recomputed each step: the reference generation tests compare against."""
+    import torch
+
+    seq, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(new):
+            logits = model(torch.tensor([seq]))
+            logits = logits.logits if hasattr(logits, "logits") else logits
+            out.append(int(logits[0, -1].argmax()))
+            seq.append(out[-1])
+    return out
+
+
 def assert_matches_model(runner, model, cfg, tokens=(1, 7, 33), tol: float = 1e-5) -> None:
     """A loaded library equals the PyTorch model (float32) at each token count, relative to the logits' largest
     magnitude, and gives the same bits on a second call."""

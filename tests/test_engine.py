@@ -10,18 +10,10 @@ import pytest
 import torch
 
 import wide_tvm
+from conftest import greedy_tokens
 from wide_tvm.engine import Engine
 from wide_tvm.errors import WideError
 from wide_tvm.sampling import SamplingParams
-
-
-def _greedy(model, prompt: list[int], new: int) -> list[int]:
-    seq, out = list(prompt), []
-    with torch.no_grad():
-        for _ in range(new):
-            out.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
-            seq.append(out[-1])
-    return out
 
 
 def _reference_sample(logits, temperature, top_p, top_k, uniform) -> int:
@@ -78,7 +70,7 @@ def test_sampling_is_reproducible_by_seed(model):
     assert a != [r.token_ids for r in loaded.generate(prompts, seed=6, **opts)]
     # top_k 1 at any temperature is the greedy choice
     assert loaded.generate([prompts[0]], 8, temperature=1.5, top_k=1, seed=1)[0].token_ids == \
-        _greedy(torch_model, prompts[0], 8)
+        greedy_tokens(torch_model, prompts[0], 8)
     for bad, what in ((dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_k=-2), "top_k"),
                       (dict(seed=-1), "seed"), (dict(temperature=float("nan")), "temperature")):
         with pytest.raises(WideError, match=what):
@@ -107,7 +99,7 @@ def test_continuous_batching_gives_each_request_its_tokens_alone(model):
     for t in threads:
         t.join()
     for (prompt, new), result in zip(jobs, results):
-        assert result.token_ids == _greedy(torch_model, prompt, new) and result.finish_reason == "length"
+        assert result.token_ids == greedy_tokens(torch_model, prompt, new) and result.finish_reason == "length"
     assert eng.stats() == {"running": 0, "waiting": 0, "reserved_pages": 0, "total_pages": 4}
     assert max(s["running"] for s in load) == 2 and max(s["waiting"] for s in load) >= 1
     assert max(s["reserved_pages"] for s in load) <= 4
@@ -147,7 +139,7 @@ def test_cancelling_frees_the_cache_and_threads_share_one_model(model):
         t.start()
     for t in threads:
         t.join()
-    assert [o[0].token_ids for o in out] == [_greedy(torch_model, p[0], 10) for p in prompts]
+    assert [o[0].token_ids for o in out] == [greedy_tokens(torch_model, p[0], 10) for p in prompts]
 
 
 def test_text_prompts_stop_strings_and_streams(model):
@@ -156,7 +148,7 @@ def test_text_prompts_stop_strings_and_streams(model):
     prompt = "bab bad baf"
     ids = tok.encode(prompt)
     full = loaded.generate([prompt], max_new_tokens=12)[0]
-    assert full.token_ids == _greedy(torch_model, ids, 12)
+    assert full.token_ids == greedy_tokens(torch_model, ids, 12)
     assert full.text.strip() == tok.decode(full.token_ids)
     stop_word = tok.decode([full.token_ids[4]])
     if stop_word not in tok.decode(full.token_ids[:4]).split():

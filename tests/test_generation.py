@@ -8,20 +8,9 @@ import pytest
 import torch
 
 import wide_tvm
+from conftest import greedy_tokens
 from wide_tvm.engine import Engine
 from wide_tvm.errors import WideError
-
-
-def _greedy(model, prompt: list[int], new: int) -> list[int]:
-    """PyTorch's greedy continuation, the whole sequence recomputed each step."""
-    seq, out = list(prompt), []
-    with torch.no_grad():
-        for _ in range(new):
-            logits = model(torch.tensor([seq]))
-            logits = logits.logits if hasattr(logits, "logits") else logits
-            out.append(int(logits[0, -1].argmax()))
-            seq.append(out[-1])
-    return out
 
 
 def _incremental(hf_model, prompt: list[int], new: int) -> list[int]:
@@ -53,14 +42,14 @@ def test_greedy_generation_is_token_identical_to_pytorch(engine):
     prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (1, 6, 13)]
     results = eng.generate(prompts, max_new_tokens=32)
     for prompt, result in zip(prompts, results):
-        assert result.token_ids == _greedy(model, prompt, 32) and result.finish_reason == "length"
+        assert result.token_ids == greedy_tokens(model, prompt, 32) and result.finish_reason == "length"
     assert [eng.generate([p], max_new_tokens=32)[0].token_ids for p in prompts] == [r.token_ids for r in results]
 
 
 def test_generation_stops_and_checks_its_inputs(engine):
     eng, model, cfg = engine
     prompt = [3, 1, 4, 1, 5]
-    first = _greedy(model, prompt, 3)
+    first = greedy_tokens(model, prompt, 3)
     stopped = eng.generate([prompt], max_new_tokens=10, stop_token_ids=[first[2]])[0]
     assert stopped.token_ids == first[:3] and stopped.finish_reason == "stop"
     for bad, what in (([], "non-empty"), ([[]], "non-empty"), ([[1, cfg.vocab_size]], "outside"), ([[-1]], "outside"),
@@ -113,10 +102,10 @@ def test_wide_generate_streams_the_same_tokens(engine, capsys):
     eng, model, _ = engine
     lib = eng.model.path
     assert generate_main([lib, "--ids", "5,7,9", "--max-new-tokens", "6"]) == 0
-    assert capsys.readouterr().out.split() == [str(t) for t in _greedy(model, [5, 7, 9], 6)]
+    assert capsys.readouterr().out.split() == [str(t) for t in greedy_tokens(model, [5, 7, 9], 6)]
     assert generate_main([lib, "--ids", "5,7,9", "--ids", "1", "--max-new-tokens", "4"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert [ln.split() for ln in lines] == [[str(t) for t in _greedy(model, p, 4)] for p in ([5, 7, 9], [1])]
+    assert [ln.split() for ln in lines] == [[str(t) for t in greedy_tokens(model, p, 4)] for p in ([5, 7, 9], [1])]
     assert generate_main([lib, "--ids", "5,99999"]) == 2
     assert "outside" in capsys.readouterr().err
 
@@ -129,7 +118,7 @@ def test_wide_generate_takes_text_with_a_tokenizer(generation_library, capsys):
     tok = Tokenizer(folder)
     ids = tok.encode("bab bad")
     assert generate_main([lib, "--tokenizer", folder, "--prompt", "bab bad", "--max-new-tokens", "5"]) == 0
-    assert capsys.readouterr().out.split() == tok.decode(_greedy(model, ids, 5)).split()
+    assert capsys.readouterr().out.split() == tok.decode(greedy_tokens(model, ids, 5)).split()
     assert generate_main([lib, "--prompt", "bab"]) == 2
     assert "needs a tokenizer" in capsys.readouterr().err
 
@@ -145,7 +134,7 @@ def test_generation_from_every_format_and_on_the_dense_fallbacks(exported, tmp_p
     assert compile_main([path, "--generation", "--fallback", fallback, "-o", lib]) == 0
     eng = Engine(wide_tvm.load(lib))
     prompts = [[9, 8, 7, 6], [cfg.vocab_size - 1]]
-    assert [r.token_ids for r in eng.generate(prompts, max_new_tokens=20)] == [_greedy(model, p, 20) for p in prompts]
+    assert [r.token_ids for r in eng.generate(prompts, max_new_tokens=20)] == [greedy_tokens(model, p, 20) for p in prompts]
 
 
 @pytest.mark.slow
@@ -161,7 +150,7 @@ def test_generation_from_an_sdpa_export(tmp_path):
     export_model(model, example_inputs(cfg, 6), path)
     eng = Engine(wide_tvm.load(wide_tvm.compile(path, "llvm", generation=True).export(str(tmp_path / "m.so"))))
     prompts = [[4, 2], [7] * 9]
-    assert [r.token_ids for r in eng.generate(prompts, max_new_tokens=24)] == [_greedy(model, p, 24) for p in prompts]
+    assert [r.token_ids for r in eng.generate(prompts, max_new_tokens=24)] == [greedy_tokens(model, p, 24) for p in prompts]
 
 
 @pytest.mark.slow
@@ -194,5 +183,5 @@ def test_hf_checkpoint_generation_equals_transformers_incremental_decoding(tmp_p
         if lora is None:
             want = [_incremental(hf, p, 32) for p in prompts]
         else:
-            want = [_greedy(ckpt.model.eval(), p, 32) for p in prompts]
+            want = [greedy_tokens(ckpt.model.eval(), p, 32) for p in prompts]
         assert got == want, (routers, got, want)

@@ -113,9 +113,8 @@ def create_app(model, name: str):
         if body.logprobs not in (None, False, 0):
             raise _ApiError(400, "logprobs are not supported", param="logprobs")
         new = body.max_tokens or body.max_completion_tokens
-        if new is None:
-            new = default_max if default_max else max(engine.max_total - prompt_len, 1)
-            new = max(min(new, engine.max_total - prompt_len), 1)
+        if new is None:  # (absent: the default, within what the cache holds beside the prompt)
+            new = max(min(default_max or engine.max_total, engine.max_total - prompt_len), 1)
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         try:
             return SamplingParams(new, body.temperature, body.top_p, body.top_k, tuple(body.stop_token_ids or ()),
@@ -220,7 +219,7 @@ def create_app(model, name: str):
                                  "finish_reason": _reason(r.result.finish_reason)} for r in requests],
                     "usage": usage}
 
-        return await run(http, prompts, body, None if body.max_tokens else 16, chunk, final)
+        return await run(http, prompts, body, 16, chunk, final)  # (OpenAI's default max_tokens: 16)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, http: Request):

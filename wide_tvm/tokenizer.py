@@ -59,8 +59,9 @@ class Tokenizer:
         """The prompt text of `messages` ([{"role", "content"}]) by the folder's chat template."""
         if not self.chat_template:
             raise WideError(f"{self.folder}: the tokenizer has no chat_template (tokenizer_config.json)")
+        from jinja2 import TemplateError
+
         if self._template is None:
-            from jinja2 import TemplateError
             from jinja2.sandbox import ImmutableSandboxedEnvironment
 
             def raise_exception(message):
@@ -73,8 +74,6 @@ class Tokenizer:
                 self._template = env.from_string(self.chat_template)
             except TemplateError as err:
                 raise WideError(f"{self.folder}: chat_template does not parse: {err}") from None
-        from jinja2 import TemplateError
-
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                          bos_token=self.bos_token or "", eos_token=self.eos_token or "")

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .entry_points import CREATE_CACHE, DECODE, PREFILL, SAMPLE, SAMPLE_GREEDY
-from .errors import WideError
+from .errors import WideError, check_id_range
 from .sampling import SamplingParams, sampler_arrays
 
 PAGE_SIZE = 16  # tokens per cache page: TVM's paged-attention kernels are written for 16 (others fail at run time)
@@ -135,9 +135,7 @@ class Engine:
                                                   and all(isinstance(t, int) for t in prompt)):
             raise WideError(f"prompt {index}: expected a non-empty list of integer token ids, or text")
         ids = [int(t) for t in arr]
-        bad = next((t for t in ids if t < 0 or t >= self.vocab), None)
-        if bad is not None:
-            raise WideError(f"prompt {index}: token id {bad} is outside [0, {self.vocab})")
+        check_id_range(min(ids), max(ids), self.vocab, f"prompt {index}")
         return ids
 
     def submit(self, prompt, params: SamplingParams | None = None, on_event=None, index: int = 0) -> Request:

@@ -15,7 +15,7 @@ import numpy as np
 from .artifact import file_sha256, load_weights, read_meta, weights_path
 from .cpu_threads import use_physical_cores
 from .blas.libraries import load as load_blas
-from .errors import WideError
+from .errors import WideError, check_id_range
 
 
 def ensure_cuda_runtime(tvm) -> None:
@@ -154,10 +154,7 @@ def _checked(x, spec: dict | None, is_torch: bool):
         x = x.to(getattr(__import__("torch"), want)) if is_torch else np.asarray(x).astype(want, copy=False)
         bound = spec.get("index_bound")
         if bound is not None:
-            lo, hi = (int(x.min()), int(x.max()))
-            if lo < 0 or hi >= bound:
-                bad = lo if lo < 0 else hi
-                raise WideError(f"{name}: id {bad} is outside [0, {bound}) (the table it indexes has {bound} rows)")
+            check_id_range(int(x.min()), int(x.max()), bound, name)
     elif dtype != want:
         raise WideError(f"{name}: dtype {dtype}; the model takes {want}")
     return x

@@ -182,10 +182,11 @@ def _memory_gib(device: str) -> float | None:
 
 
 def run_ours(spec: dict, build_dir: str, variant: str, prompts, batches, contexts, steps: int,
-             active: float = 0.5) -> dict:
+             active: float = 0.5, save=lambda out: None) -> dict:
     """Our engine's rows for one library, timed on its device functions (wide_tvm/engine.py: Steps), on the
     weights of the PyTorch WIDE model (bench/e2e_weights.py) whose routers execute `active` of the groups; first its
-    stateless `main` against that model on 16 tokens."""
+    stateless `main` against that model on 16 tokens. `save(out)` runs after each measurement (what a row that
+    runs out of time still reports)."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -241,6 +242,7 @@ def run_ours(spec: dict, build_dir: str, variant: str, prompts, batches, context
             steps_.remove(0)
 
         _record_ttft(out, variant, p, first_token)
+        save(out)
     for c in contexts:
         out["step_ms"][str(c)], out["decode_tok_s"][str(c)] = {}, {}
         for b in batches:
@@ -259,6 +261,7 @@ def run_ours(spec: dict, build_dir: str, variant: str, prompts, batches, context
 
             _record_decode(out, variant, c, b, step, steps)
             out["memory_gib"] = _memory_gib(device)
+            save(out)
             if device == "cuda" and b == 1 and c == min(contexts):
                 out["decode_breakdown_us"] = _breakdown(step, 8)
                 print(f"{variant}: decode step at batch 1 by kernel (us): {out['decode_breakdown_us']}", flush=True)
@@ -267,7 +270,8 @@ def run_ours(spec: dict, build_dir: str, variant: str, prompts, batches, context
     return out
 
 
-def run_torch(cfg_dict: dict, compiled: bool, prompts, batches, contexts, steps: int, device: str) -> dict:
+def run_torch(cfg_dict: dict, compiled: bool, prompts, batches, contexts, steps: int, device: str,
+              save=lambda out: None) -> dict:
     import torch
 
     from ..model.config import WideConfig
@@ -290,6 +294,7 @@ def run_torch(cfg_dict: dict, compiled: bool, prompts, batches, contexts, steps:
 
             first_token()  # (torch.compile: the compilation)
             _record_ttft(out, name, p, first_token)
+            save(out)
         for c in contexts:
             out["step_ms"][str(c)], out["decode_tok_s"][str(c)] = {}, {}
             for b in batches:
@@ -301,25 +306,32 @@ def run_torch(cfg_dict: dict, compiled: bool, prompts, batches, contexts, steps:
                     tokens[0].tolist()
 
                 _record_decode(out, name, c, b, step, steps)
+                save(out)
     out["memory_gib"] = _memory_gib(device)
     return out
 
 
 def run_row(build_dir: str, row: str, out_json: str, prompts=PROMPTS, batches=BATCHES, contexts=CONTEXTS,
             steps: int = STEPS) -> None:
-    """One row (in this process), written to `out_json`."""
+    """One row (in this process), written to `out_json` after each measurement ("partial": true until the row is
+    whole)."""
     with open(os.path.join(build_dir, "e2e.json")) as f:
         spec = json.load(f)
     device = "cuda" if spec["target"].startswith("cuda") else "cpu"
+
+    def save(out: dict, partial: bool = True) -> None:
+        with open(out_json + ".tmp", "w") as f:
+            json.dump({**out, "partial": partial}, f, indent=1)
+        os.replace(out_json + ".tmp", out_json)
+
     if row.startswith("ours_"):
         variant, _, share = row[5:].partition("@")  # ours_gated@0.25: a quarter of the groups active
-        result = run_ours(spec, build_dir, variant, prompts, batches, contexts, steps, float(share or 0.5))
+        result = run_ours(spec, build_dir, variant, prompts, batches, contexts, steps, float(share or 0.5), save)
     else:
-        result = run_torch(spec["config"], row == "torch_compile", prompts, batches, contexts, steps, device)
+        result = run_torch(spec["config"], row == "torch_compile", prompts, batches, contexts, steps, device, save)
     bandwidth = _bandwidth(device)
     result["bandwidth_gb_s"] = bandwidth / 1e9 if bandwidth else None
-    with open(out_json, "w") as f:
-        json.dump(result, f, indent=1)
+    save(result, partial=False)
 
 
 def run_e2e(build_dir: str, json_path: str, rows=ROWS, prompts=PROMPTS, batches=BATCHES, contexts=CONTEXTS,
@@ -345,15 +357,19 @@ def run_e2e(build_dir: str, json_path: str, rows=ROWS, prompts=PROMPTS, batches=
         try:
             done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], timeout=timeout,
                                   capture_output=True, text=True)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            print(out, end="", flush=True)
             result["errors"][row] = f"timed out after {timeout:.0f} s"
-            continue
-        print(done.stdout, end="", flush=True)
-        if done.returncode != 0 or not os.path.exists(part):
-            lines = (done.stderr or "").strip().splitlines()
-            result["errors"][row] = lines[-1] if lines else f"exit code {done.returncode}"
-            print(f"{row}: failed: {result['errors'][row]}", flush=True)
-            continue
+            done = None
+        if done is not None:
+            print(done.stdout, end="", flush=True)
+            if done.returncode != 0:
+                lines = (done.stderr or "").strip().splitlines()
+                result["errors"][row] = lines[-1] if lines else f"exit code {done.returncode}"
+                print(f"{row}: failed: {result['errors'][row]}", flush=True)
+        if not os.path.exists(part):
+            continue  # (what it measured before it stopped, if anything, is kept: "partial": true)
         with open(part) as f:
             result["rows"][row] = json.load(f)
         os.remove(part)

@@ -48,7 +48,7 @@ class AttentionCore:
     """One attention core of the stateless graph: the binding of its output and its inputs."""
 
     out: relax.Var  # matmul(probs, v') [1, H, T, D] (after its reshape back to 4-D)
-    q: relax.Expr  # [1, H, T, D]
+    q: relax.Expr  # [1, H, T, D] (before an upcast to fp32 that only attention computes in: _narrowed)
     k: relax.Expr  # [1, Hkv, T, D]
     v: relax.Expr  # [1, Hkv, T, D]
     sm_scale: float
@@ -213,7 +213,23 @@ def _core(var, softmax, var2val, users, params, node: str) -> AttentionCore:
             _fail(node, "q, k, v and the output are not all [1, heads, tokens, head_dim]")
     if int(_dims(out)[1]) != heads or int(_dims(v)[1]) != int(_dims(k)[1]):
         _fail(node, "the output's heads are not q's, or v's not k's")
-    return AttentionCore(out, q, k, v, scale, node)
+    return AttentionCore(out, *_narrowed((q, k, v), var2val), scale, node)
+
+
+def _narrowed(qkv, var2val):
+    """q, k, v before the upcast that a half-precision model's exported attention computes in (torch.export's SDPA
+    decomposition casts fp16 q, k, v to fp32): the cache then holds them as the model does, at half the bytes, and
+    its kernels accumulate in fp32 as PyTorch's fused attention does. Unchanged unless all three are such casts."""
+    sources = []
+    for x in qkv:
+        value = resolve(x, var2val)
+        if op_name(value) != "relax.astype" or not isinstance(value.args[0].ty, relax.TensorType):
+            return qkv
+        sources.append(value.args[0])
+    narrow = {str(x.ty.dtype) for x in sources}
+    if len(narrow) != 1 or narrow.pop() not in ("float16", "bfloat16") or str(qkv[0].ty.dtype) != "float32":
+        return qkv
+    return tuple(sources)
 
 
 def _follow(var, var2val, users, ops):
@@ -287,7 +303,9 @@ class _ToCache(relax.PyExprMutator):
             "vm.builtin.attention_kv_cache_attention_with_fused_qkv",
             [self.cache, relax.prim_value(layer), relax.prim_value(core.sm_scale), qkv],
             out_ty=relax.TensorType([n, heads, d], str(core.q.ty.dtype))))
-        return op.permute_dims(op.reshape(out, relax.ShapeExpr([1, n, heads, d])), [0, 2, 1, 3])
+        out = op.permute_dims(op.reshape(out, relax.ShapeExpr([1, n, heads, d])), [0, 2, 1, 3])
+        wanted = str(core.out.ty.dtype)  # (the graph's own precision after attention: see _narrowed)
+        return out if wanted == str(core.q.ty.dtype) else op.astype(bb.emit(out), wanted)
 
 
 def _output_head(func: relax.Function) -> relax.Var:

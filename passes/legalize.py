@@ -15,6 +15,11 @@ caller that bypasses the Python wrapper's id check (runtime.py) cannot read past
 `relax.argmax` / `relax.argmin` over bf16 (a bf16 model's router picking execute or skip) legalizes to a reduction
 whose bf16 comparison TVM's BF16 legalization cannot lower ("Check failed: StructuralEqual(value->ty, var->ty)");
 bf16 widens to fp32 exactly, so the reduction runs over the fp32 values and picks the same index.
+
+`relax.sum` / `relax.mean` over fp16 or bf16 accumulate in that type: RMSNorm's `x.pow(2).mean(-1)` of an fp16
+Llama-3.1-8B overflowed to inf once a token's mean square passed 16 (65504 / 4096: from the fourth layer of random
+weights on), its rsqrt was 0 and the logits of all 32 layers came out zero (H100; 2 layers: 14 % off at 16 tokens).
+PyTorch accumulates half-precision reductions in fp32; so do these, then cast the result back.
 """
 
 from __future__ import annotations
@@ -67,10 +72,32 @@ def _search_in_fp32(te_func):
     return legalize
 
 
+def _reduce_in_fp32(mean: bool):
+    def legalize(bb: relax.BlockBuilder, call) -> relax.Expr:
+        def body(x, axis, keepdims):
+            if x.dtype not in ("float16", "bfloat16"):
+                return topi.sum(x, axis, keepdims) if not mean else _mean(x, axis, keepdims)
+            wide = topi.cast(x, "float32")
+            return topi.cast(_mean(wide, axis, keepdims) if mean else topi.sum(wide, axis, keepdims), x.dtype)
+
+        return bb.call_te(body, call.args[0], call.attrs.axis, call.attrs.keepdims,
+                          primfunc_name_hint="mean" if mean else "sum")
+
+    return legalize
+
+
+def _mean(x, axis, keepdims):
+    count = tirx.const(1, "int32")
+    for dim in (list(axis) if axis is not None else range(len(x.shape))):
+        count = count * x.shape[int(dim)]
+    return topi.divide(topi.sum(x, axis, keepdims), count)
+
+
 def _legalize_take(bb: relax.BlockBuilder, call) -> relax.Expr:
     mode = "clip" if str(call.attrs.mode) == "fast" else str(call.attrs.mode)
     return bb.call_te(topi.take, call.args[0], call.args[1], call.attrs.axis, mode=mode, primfunc_name_hint="take")
 
 
 WIDE_LEGALIZATIONS = {"relax.full": _legalize_full, "relax.power": _legalize_power, "relax.take": _legalize_take,
-                      "relax.argmax": _search_in_fp32(topi.argmax), "relax.argmin": _search_in_fp32(topi.argmin)}
+                      "relax.argmax": _search_in_fp32(topi.argmax), "relax.argmin": _search_in_fp32(topi.argmin),
+                      "relax.sum": _reduce_in_fp32(mean=False), "relax.mean": _reduce_in_fp32(mean=True)}

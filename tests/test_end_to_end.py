@@ -198,3 +198,34 @@ def test_fp16_and_bf16_models_match_pytorch_in_their_dtype(tmp_path, fmt, dtype,
         err = np.abs(out.astype("float32") - ref).max() / np.abs(ref).max()
         assert err < tol, (t, err)
         assert np.array_equal(out, runner(x.numpy()))
+
+
+def test_half_precision_reductions_accumulate_in_fp32():
+    """RMSNorm's mean of squares over 4096 fp16 values passes fp16's 65504 once the mean square passes 16: summed in
+    fp16 it was inf (an fp16 Llama-3.1-8B's logits all zero on the H100), PyTorch sums in fp32; so do we
+    (passes/legalize.py), for sum and mean, fp16 and bf16: the mean of squares that overflowed, and a sum that fits
+    but that fp16 steps could not resolve."""
+    import tvm
+    from tvm import relax
+
+    from wide_tvm.passes.legalize import WIDE_LEGALIZATIONS
+
+    rng = np.random.default_rng(4)
+    for dtype in ("float16", "bfloat16"):
+        bb = relax.BlockBuilder()
+        big = relax.Var("big", relax.TensorType([3, 4096], dtype))
+        small = relax.Var("small", relax.TensorType([3, 4096], dtype))
+        with bb.function("main", [big, small]):
+            with bb.dataflow():
+                out = bb.emit_output(relax.Tuple([
+                    bb.emit(relax.op.mean(bb.emit(relax.op.multiply(big, big)), axis=[-1], keepdims=True)),
+                    bb.emit(relax.op.sum(small, axis=[-1]))]))
+            bb.emit_func_output(out)
+        mod = relax.transform.LegalizeOps(customize_legalize_map=WIDE_LEGALIZATIONS)(bb.get())
+        vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+        x = torch.from_numpy(rng.standard_normal((3, 4096)) * 6).to(getattr(torch, dtype))
+        y = torch.from_numpy(rng.random((3, 4096))).to(getattr(torch, dtype))
+        mean, total = vm["main"](tvm.runtime.from_dlpack(x), tvm.runtime.from_dlpack(y))
+        want_mean = (x * x).float().mean(-1, keepdim=True)  # (the squares rounded to the dtype, as the graph's are)
+        assert torch.allclose(torch.from_dlpack(mean).float(), want_mean, rtol=1e-2), dtype
+        assert torch.allclose(torch.from_dlpack(total).float(), y.float().sum(-1), rtol=4e-3), dtype

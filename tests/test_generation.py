@@ -153,6 +153,25 @@ def test_generation_from_an_sdpa_export(tmp_path):
     assert [r.token_ids for r in eng.generate(prompts, max_new_tokens=24)] == [greedy_tokens(model, p, 24) for p in prompts]
 
 
+def test_a_half_precision_sdpa_export_caches_half_precision(tmp_path):
+    """torch.export's SDPA decomposition of an fp16 model computes attention in fp32 (q, k, v cast up): the cache
+    holds the fp16 tensors from before the cast (half the bytes), and generation still follows PyTorch's."""
+    from wide_tvm.frontends.export import export_program
+    from wide_tvm.frontends.loader import import_model
+    from wide_tvm.model import WideConfig, build_example, example_inputs
+
+    cfg = WideConfig(attention="sdpa")
+    model = build_example(cfg, seed=3).half().eval()
+    with torch.no_grad():
+        imported = import_model(export_program(model, example_inputs(cfg, 6)))
+    compiled = wide_tvm.compile(imported, "llvm", generation=True)
+    assert compiled.kv_cache.dtype == "float16"
+    eng = Engine(wide_tvm.load(compiled.export(str(tmp_path / "m.so"))), max_batch=2, max_total_tokens=256)
+    prompts = [[4, 2, 9], [7] * 5]
+    assert [r.token_ids for r in eng.generate(prompts, max_new_tokens=12)] == [greedy_tokens(model, p, 12)
+                                                                                for p in prompts]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
 def test_hf_checkpoint_generation_equals_transformers_incremental_decoding(tmp_path, kind):

@@ -321,6 +321,8 @@ def bench_main(argv=None) -> int:
     eb.add_argument("dir")
     eb.add_argument("--layers", type=int, help="fewer layers (a quick run)")
     eb.add_argument("--max-batch", type=int, default=64)
+    eb.add_argument("--model", default="llama8b", help="llama8b (the GPU's), llama1b (the CPU's) or tiny")
+    eb.add_argument("--target", default="cuda", help="cuda (fp16) or llvm (fp32)")
     er = sub.add_parser("e2e", help="TTFT and decode tokens/s of our engine against PyTorch where it runs; JSON")
     er.add_argument("dir")
     er.add_argument("--json", required=True)
@@ -348,7 +350,7 @@ def bench_main(argv=None) -> int:
         if args.cmd == "e2e-build":
             from .bench.e2e import build_e2e
 
-            print(f"wrote {build_e2e(args.dir, args.layers, max_batch=args.max_batch)}")
+            print(f"wrote {build_e2e(args.dir, args.layers, args.target, args.max_batch, args.model)}")
         elif args.cmd == "e2e":
             from .bench.e2e import run_e2e
             from .bench.e2e_report import markdown

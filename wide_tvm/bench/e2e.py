@@ -344,6 +344,7 @@ def run_e2e(build_dir: str, json_path: str, rows=ROWS, prompts=PROMPTS, batches=
         spec = json.load(f)
     device = torch.cuda.get_device_name(0) if spec["target"].startswith("cuda") else "cpu"
     result = {"kind": "e2e", "device": device, "rows": {}, "errors": {}, "model": spec["config"],
+              "dtype": spec.get("dtype", "float16"),
               "prompts": list(prompts), "batches": list(batches), "contexts": list(contexts), "steps": steps}
     code = ("import sys, json; from wide_tvm.bench.e2e import run_row; a = json.loads(sys.argv[1]); "
             "run_row(**a)")

@@ -43,8 +43,9 @@ def fixed_cost(result: dict, row: str) -> dict | None:
 
 def markdown(result: dict) -> str:
     rows = ordered(result)
-    lines = [f"End to end on {result['device']}: {result['model']['num_layers']} layers of hidden "
-             f"{result['model']['hidden_size']}, vocabulary {result['model']['vocab_size']}, fp16; medians.", "",
+    model = result["model"]
+    lines = [f"End to end on {result['device']}: {model['num_layers']} layers of hidden {model['hidden_size']}, "
+             f"vocabulary {model['vocab_size']}, {result.get('dtype', 'float16')}; medians.", "",
              "| TTFT (ms) at prompt | " + " | ".join(name(r) for r in rows) + " | gated vs dense | gated vs "
              "torch.compile |", "|---" * (len(rows) + 3) + "|"]
     get = (lambda row, *keys: _dig(result["rows"].get(row, {}), keys))
@@ -62,7 +63,8 @@ def markdown(result: dict) -> str:
                          f"{_ratio(tok.get('ours_gated'), tok.get('ours_dense'))} | "
                          f"{_ratio(tok.get('ours_gated'), tok.get('torch_compile'))} |")
     lines += ["", "| | " + " | ".join(name(r) for r in rows) + " |", "|---" * (len(rows) + 1) + "|",
-              "| GPU memory in use (GiB) | " + " | ".join(f"{get(r, 'memory_gib') or 0:.1f}" for r in rows) + " |"]
+              "| GPU memory in use (GiB) | " + " | ".join(
+                  f"{get(r, 'memory_gib'):.1f}" if get(r, "memory_gib") is not None else "-" for r in rows) + " |"]
     lines.append("| groups active (measured) / main vs the PyTorch model | " + " | ".join(
         f"{get(r, 'active_share'):.0%} / {get(r, 'main_vs_torch'):.1e}" if get(r, "active_share") is not None else "-"
         for r in rows) + " |")

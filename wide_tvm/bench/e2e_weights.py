@@ -8,9 +8,10 @@ library and the PyTorch WIDE model all hold, with its routers set to a chosen sh
 Values depend on the weight's name and the seed alone (matrices N(0, 0.02^2), norm scales in [0.8, 1.2], biases 0),
 so the libraries' arrays and the PyTorch model's agree whatever order they are made in. `calibrate` runs the model
 layer by layer on random tokens and, at each router, sets the execute-logit shift to the quantile of the
-(execute - skip) logit differences that leaves `active` of the (token, group) pairs executing: the share is exact on
-those tokens and close on others. Worked example: differences [-3, -1, 0.5, 2] and active 0.25: their 0.75 quantile
-is 0.875, the shift -0.875, and only 2 - 0.875 stays above 0: one pair of the four executes.
+(execute - skip) logit differences that leaves `active` of the (token, group) pairs executing, moved halfway to the
+nearest difference below it (no pair on the boundary, where rounding would decide): the share is exact on those
+tokens and close on others. Worked example: differences [-3, -1, 0.5, 2] and active 0.25: their 0.75 quantile is
+0.875, halfway between 0.5 and 2 is 1.25, the shift -1.25, and only 2 - 1.25 stays above 0: one pair of four executes.
 """
 
 from __future__ import annotations
@@ -68,7 +69,14 @@ def calibrate(model, active: float, tokens: int = 512, seed: int = 1) -> dict:
     def shift(router, name, x):
         diff = router.logits(x).float()
         diff = (diff[..., 0] - diff[..., 1]).flatten()
-        delta = -float(torch.quantile(diff, 1 - active)) if 0 < active < 1 else (1e4 if active >= 1 else -1e4)
+        if 0 < active < 1:
+            cut = torch.quantile(diff, 1 - active)
+            below, above = diff[diff < cut], diff[diff >= cut]  # (the shift halfway between two distinct values:
+            if len(below) and len(above):                     #  no calibration pair sits on the boundary, where
+                cut = (below.max() + above.min()) / 2          #  rounding would decide it)
+            delta = -float(cut)
+        else:
+            delta = 1e4 if active >= 1 else -1e4
         router.router.bias.view(-1, 2)[:, 0] += delta
         shifts[name] = delta
 

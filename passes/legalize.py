@@ -75,10 +75,10 @@ def _search_in_fp32(te_func):
 def _reduce_in_fp32(mean: bool):
     def legalize(bb: relax.BlockBuilder, call) -> relax.Expr:
         def body(x, axis, keepdims):
-            if x.dtype not in ("float16", "bfloat16"):
-                return topi.sum(x, axis, keepdims) if not mean else _mean(x, axis, keepdims)
-            wide = topi.cast(x, "float32")
-            return topi.cast(_mean(wide, axis, keepdims) if mean else topi.sum(wide, axis, keepdims), x.dtype)
+            half = x.dtype in ("float16", "bfloat16")
+            wide = topi.cast(x, "float32") if half else x
+            out = _mean(wide, axis, keepdims) if mean else topi.sum(wide, axis, keepdims)
+            return topi.cast(out, x.dtype) if half else out
 
         return bb.call_te(body, call.args[0], call.attrs.axis, call.attrs.keepdims,
                           primfunc_name_hint="mean" if mean else "sum")

@@ -67,6 +67,7 @@ def run(out: str) -> None:
 
     from wide_tvm.bench.e2e_weights import calibrate, library_weights, reference_model
     from wide_tvm.blas.libraries import load as load_blas
+    from wide_tvm.engine import first_output
     from wide_tvm.model.config import WideConfig
     from wide_tvm.runtime import ensure_cuda_runtime
 
@@ -84,7 +85,7 @@ def run(out: str) -> None:
             with torch.no_grad():
                 want = model(ids).float()
             got = vm["main"](tvm.runtime.from_dlpack(ids), *weights)
-            got = torch.from_dlpack(got if hasattr(got, "shape") else got[0]).float()
+            got = torch.from_dlpack(first_output(got)).float()
             err = float((got - want).abs().max() / want.abs().max())
             print(f"{name}: error {err:.2e} of the largest logit; ours |max| {float(got.abs().max()):.3g} mean "
                   f"{float(got.abs().mean()):.3g} nan {bool(got.isnan().any())}; torch |max| "

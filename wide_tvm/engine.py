@@ -321,18 +321,16 @@ class Engine:
             res.token_ids.append(token)
             reason = "stop" if token in p.stop_token_ids or (token in stops and not p.ignore_eos) else None
             delta = ""
+            if r.detok is not None and reason is None:
+                text = res.text + r.detok.add(token)
+                cut = min((i for i in (text.find(s) for s in p.stop) if i >= 0), default=-1)
+                res.text, reason = (text[:cut], "stop") if cut >= 0 else (text, None)
+            if reason is None and len(res.token_ids) >= p.max_new_tokens:
+                reason = "length"
             if r.detok is not None:
-                if reason is None:
-                    text = res.text + r.detok.add(token)
-                    cut = min((i for i in (text.find(s) for s in p.stop) if i >= 0), default=-1)
-                    res.text, reason = (text[:cut], "stop") if cut >= 0 else (text, None)
-                if reason is None and len(res.token_ids) >= p.max_new_tokens:
-                    reason = "length"
                 # streamed text holds back what may be the start of a stop string, so the pieces add up to .text
                 end = len(res.text) if reason else len(res.text) - _stop_prefix(res.text, p.stop)
                 delta, r.sent = res.text[r.sent:end], max(r.sent, end)
-            elif reason is None and len(res.token_ids) >= p.max_new_tokens:
-                reason = "length"
             if r.on_event is not None:
                 r.on_event(Event(r.index, token, delta))
             if reason is not None:
@@ -386,14 +384,14 @@ class Steps:
         logits = self.vm[PREFILL](self._array([flat], "int64"), self._array(rows, "int32"), self.cache,
                                   *self.weights)
         self._end(self.cache)
-        return _tensor(logits)
+        return first_output(logits)
 
     def decode(self, seqs: list[int], tokens: list[int]):
         """One token per sequence; logits [1, len(seqs), vocab] (device)."""
         self._begin(self.cache, self.shape(seqs), self.shape([1] * len(seqs)))
         logits = self.vm[DECODE](self._array([tokens], "int64"), self.cache, *self.weights)
         self._end(self.cache)
-        return _tensor(logits)
+        return first_output(logits)
 
     def sample(self, logits, params: list[SamplingParams], rngs: list) -> list[int]:
         """One id per row of `logits` [1, m, vocab] (device), sampled on the device; the step's one copy back."""
@@ -412,6 +410,6 @@ def _stop_prefix(text: str, stops) -> int:
                default=0)
 
 
-def _tensor(out):
+def first_output(out):
     """The logits of a forward's result (a torch.export model returns a tuple of them)."""
     return out if hasattr(out, "shape") else out[0]

@@ -195,7 +195,7 @@ def run_ours(spec: dict, build_dir: str, variant: str, prompts, batches, context
     from tvm.runtime import vm as rvm
 
     from ..blas.libraries import load as load_blas
-    from ..engine import Steps
+    from ..engine import Steps, first_output
     from ..runtime import ensure_cuda_runtime
     from ..sampling import SamplingParams
     from ..model.config import WideConfig
@@ -219,7 +219,7 @@ def run_ours(spec: dict, build_dir: str, variant: str, prompts, batches, context
     with torch.no_grad():
         want = reference(ids).float()
     got = vm["main"](tvm.runtime.from_dlpack(ids), *weights)
-    got = torch.from_dlpack(got if hasattr(got, "shape") else got[0]).float()  # (torch.export: a tuple)
+    got = torch.from_dlpack(first_output(got)).float()
     error = float((got - want).abs().max() / want.abs().max())
     print(f"{variant}: {share:.1%} of the groups active; main vs the PyTorch model: {error:.2e} of the largest "
           "logit", flush=True)

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..model.config import WideConfig
+from ..model.config import LLAMA_3_1_8B, WideConfig
 
 E2E_MODELS = {
-    "llama8b": WideConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
-                          num_kv_heads=8, head_dim=128, attn_group_size=4, ffn_group_size=128, router_rank=128,
-                          rope_theta=500000.0, attention="sdpa"),
+    "llama8b": LLAMA_3_1_8B,
     # Llama-3.2-1B's shapes (16 layers, hidden 2048, 32 query / 8 KV heads of 64): the CPU's end-to-end model
     "llama1b": WideConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,
                           num_kv_heads=8, head_dim=64, attn_group_size=4, ffn_group_size=128, router_rank=128,

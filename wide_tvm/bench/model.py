@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
-from ..model.config import WideConfig
+from ..model.config import LLAMA_3_1_8B, WideConfig
 
 MODELS = {
-    "llama8b-2l": WideConfig(vocab_size=1024, hidden_size=4096, intermediate_size=14336, num_layers=2, num_heads=32,
-                             num_kv_heads=8, head_dim=128, attn_group_size=4, ffn_group_size=128, router_rank=128,
-                             rope_theta=500000.0, attention="sdpa"),
+    "llama8b-2l": replace(LLAMA_3_1_8B, vocab_size=1024, num_layers=2),
     "cpu-2l": WideConfig(vocab_size=1024, hidden_size=2048, intermediate_size=5632, num_layers=2, num_heads=16,
                          num_kv_heads=4, head_dim=128, attn_group_size=4, ffn_group_size=128, router_rank=64,
                          attention="sdpa"),

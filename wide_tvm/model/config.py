@@ -60,3 +60,11 @@ class WideConfig:
     @classmethod
     def from_json(cls, text: str) -> "WideConfig":
         return cls(**json.loads(text))
+
+
+# Llama-3.1-8B's shapes (32 layers, hidden 4096, 32 query / 8 KV heads of 128, intermediate 14336, vocabulary
+# 128256) with WIDE routers on every layer (attention groups of 4 heads, FFN groups of 128 channels, router rank 128):
+# what the benchmarks build (bench/model.py with 2 layers and a small vocabulary, bench/e2e_model.py whole)
+LLAMA_3_1_8B = WideConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+                          num_kv_heads=8, head_dim=128, attn_group_size=4, ffn_group_size=128, router_rank=128,
+                          rope_theta=500000.0, attention="sdpa")

@@ -65,9 +65,8 @@ def run(out: str) -> None:
     import tvm
     from tvm.runtime import vm as rvm
 
-    from wide_tvm.bench.e2e_weights import calibrate, library_weights, reference_model
+    from wide_tvm.bench.e2e_weights import calibrate, library_weights, main_against, reference_model
     from wide_tvm.blas.libraries import load as load_blas
-    from wide_tvm.engine import first_output
     from wide_tvm.model.config import WideConfig
     from wide_tvm.runtime import ensure_cuda_runtime
 
@@ -81,11 +80,7 @@ def run(out: str) -> None:
             model = reference_model(WideConfig(**lib["config"]), torch.device("cuda"), seed=0, dtype=torch.float16)
             calibrate(model, 0.5)
             weights = [tvm.runtime.from_dlpack(w) for w in library_weights(lib, model.state_dict())]
-            ids = torch.randint(0, lib["config"]["vocab_size"], (1, 16), device="cuda")
-            with torch.no_grad():
-                want = model(ids).float()
-            got = vm["main"](tvm.runtime.from_dlpack(ids), *weights)
-            got = torch.from_dlpack(first_output(got)).float()
+            got, want = main_against(vm, weights, model)
             err = float((got - want).abs().max() / want.abs().max())
             print(f"{name}: error {err:.2e} of the largest logit; ours |max| {float(got.abs().max()):.3g} mean "
                   f"{float(got.abs().mean()):.3g} nan {bool(got.isnan().any())}; torch |max| "

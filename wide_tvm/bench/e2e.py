@@ -195,11 +195,11 @@ def run_ours(spec: dict, build_dir: str, variant: str, prompts, batches, context
     from tvm.runtime import vm as rvm
 
     from ..blas.libraries import load as load_blas
-    from ..engine import Steps, first_output
+    from ..engine import Steps
     from ..runtime import ensure_cuda_runtime
     from ..sampling import SamplingParams
     from ..model.config import WideConfig
-    from .e2e_weights import active_share, calibrate, library_weights, reference_model
+    from .e2e_weights import active_share, calibrate, library_weights, main_against, reference_model
 
     lib = spec["libraries"][variant]
     device = "cuda" if spec["target"].startswith("cuda") else "cpu"
@@ -214,12 +214,7 @@ def run_ours(spec: dict, build_dir: str, variant: str, prompts, batches, context
     share = active_share(reference)
     tensors = library_weights(lib, reference.state_dict())
     weights = [tvm.runtime.from_dlpack(w) for w in tensors]
-    seeded = torch.Generator().manual_seed(7)
-    ids = torch.randint(0, spec["config"]["vocab_size"], (1, 16), generator=seeded).to(device)
-    with torch.no_grad():
-        want = reference(ids).float()
-    got = vm["main"](tvm.runtime.from_dlpack(ids), *weights)
-    got = torch.from_dlpack(first_output(got)).float()
+    got, want = main_against(vm, weights, reference)
     error = float((got - want).abs().max() / want.abs().max())
     print(f"{variant}: {share:.1%} of the groups active; main vs the PyTorch model: {error:.2e} of the largest "
           "logit", flush=True)

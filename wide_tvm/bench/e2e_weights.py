@@ -4,6 +4,7 @@ library and the PyTorch WIDE model all hold, with its routers set to a chosen sh
     model = reference_model(cfg, device, seed)          # the PyTorch WIDE model (wide_tvm/model), values by name
     shifts = calibrate(model, active=0.25, tokens=512)   # per router: the shift of its "execute" logits
     tensors = library_weights(lib, model.state_dict())   # a library's parameters, repacked as it stores them
+    ours, torch_logits = main_against(vm, weights, model)  # the library's `main` beside the model's, same ids
 
 Values depend on the weight's name and the seed alone (matrices N(0, 0.02^2), norm scales in [0.8, 1.2], biases 0),
 so the libraries' arrays and the PyTorch model's agree whatever order they are made in. `calibrate` runs the model
@@ -124,3 +125,20 @@ def library_weights(lib: dict, state: dict) -> list:
             raise ValueError(f"{name}: made {list(value.shape)}, the library takes {shape}")
         out.append(value)
     return out
+
+
+def main_against(vm, weights: list, model, tokens: int = 16, seed: int = 7):
+    """A library's stateless `main` and the PyTorch `model` on the same `tokens` seeded random ids, on the model's
+    device: (ours, PyTorch's), fp32 logits [1, tokens, vocab]."""
+    import torch
+    import tvm
+
+    from ..engine import first_output
+
+    device = model.embed_tokens.weight.device
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(seed))
+    ids = ids.to(device)
+    with torch.no_grad():
+        want = model(ids).float()
+    got = torch.from_dlpack(first_output(vm["main"](tvm.runtime.from_dlpack(ids), *weights))).float()
+    return got, want
